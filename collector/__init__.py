@@ -1,0 +1,1 @@
+"""The node agent and its sources (probes, clock, NIC, GPU, job steps)."""

@@ -1,0 +1,276 @@
+"""Linux network interface counters and link state from sysfs.
+
+Reads, for each ``<sysfs_root>/class/net/<interface>/``:
+
+* ``statistics/*``: cumulative counters (``rx_bytes``, ``tx_errors``,
+  ``rx_crc_errors``, ...), one unsigned integer per file;
+* ``carrier_changes``: cumulative link up/down transitions (kernel >= 3.15);
+* ``operstate``, ``carrier``, ``mtu``, ``speed``: link state gauges.
+
+How a value that cannot be read is treated (a source never raises for one bad
+file; the agent above still catches whatever escapes):
+
+* ``ENOENT``: absent. Kernels and drivers differ in which attributes exist,
+  and an interface can vanish between listing and reading; it is simply not
+  listed next time. Not an error, except a missing ``statistics/`` directory
+  on an interface that is still there.
+* ``EINVAL`` from ``carrier`` or ``speed``: unknown. The kernel answers so
+  while the link is administratively down or the driver cannot tell.
+* any other ``OSError``, or text that does not parse: the value is skipped
+  and `NetdevSource.errors_total` grows by one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from ..counters import CounterTracker, parse_counter
+from ..sample import MetricKind, Sample
+
+_log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_IFACE = "network.interface.name"
+_DIRECTION = "network.io.direction"
+
+# statistics/ files with an OpenTelemetry semantic-convention home:
+# file name -> (metric name, unit, direction). Every other file goes to
+# ridethrough.nic.stat with the file name as the `nic.counter` attribute.
+_MAPPED_STATISTICS: Mapping[str, tuple[str, str, str]] = {
+    "rx_bytes": ("system.network.io", "By", "receive"),
+    "tx_bytes": ("system.network.io", "By", "transmit"),
+    "rx_packets": ("system.network.packet.count", "{packet}", "receive"),
+    "tx_packets": ("system.network.packet.count", "{packet}", "transmit"),
+    "rx_errors": ("system.network.errors", "{error}", "receive"),
+    "tx_errors": ("system.network.errors", "{error}", "transmit"),
+    "rx_dropped": ("system.network.packet.dropped", "{packet}", "receive"),
+    "tx_dropped": ("system.network.packet.dropped", "{packet}", "transmit"),
+}
+
+# Attributes whose read fails with EINVAL while the answer is unknown
+# (admin-down link, driver without link settings): see the module docstring.
+_EINVAL_MEANS_UNKNOWN = frozenset({"carrier", "speed"})
+
+
+def read_sysfs_text(path: Path) -> str:
+    """Read one sysfs attribute whole (the seam between this module and the kernel).
+
+    Raises:
+        OSError: as the kernel reports it (``ENOENT``, ``EINVAL``, ``EACCES``, ...).
+    """
+    return path.read_bytes().decode("ascii", errors="replace")
+
+
+# Sample input, /sys/class/net/eth0/speed on a 100 GbE port: "100000\n".
+# A virtio NIC prints "-1\n" (SPEED_UNKNOWN); an admin-down link fails EINVAL.
+def parse_speed(text: str) -> int | None:
+    """Parse ``speed`` (Mbit/s); None when the kernel says it is unknown (-1).
+
+    Raises:
+        ValueError: the text is not an integer.
+    """
+    stripped = text.strip()
+    if stripped == "-1":
+        return None
+    return parse_counter(stripped)
+
+
+# Sample input, /sys/class/net/eth0/carrier: "1\n" (link detected) or "0\n".
+def parse_carrier(text: str) -> int:
+    """Parse ``carrier``: 1 when the physical link is up, 0 when not.
+
+    Raises:
+        ValueError: the text is neither ``0`` nor ``1``.
+    """
+    stripped = text.strip()
+    if stripped not in ("0", "1"):
+        raise ValueError(f"carrier is not 0 or 1: {text!r}")
+    return int(stripped)
+
+
+# Sample input, /sys/class/net/eth0/operstate: "up\n"; also "down", "dormant",
+# "lowerlayerdown", "notpresent", "testing", and "unknown" (lo, some tunnels).
+def parse_operstate(text: str) -> str:
+    """Parse ``operstate`` (RFC 2863 operational state, lower case).
+
+    Raises:
+        ValueError: the file is empty.
+    """
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("operstate is empty")
+    return stripped
+
+
+class NetdevSource:
+    """Network interface counters (bytes, packets, errors, drops) and link state.
+
+    Metrics (see `ridethrough.catalogue`): ``system.network.io``,
+    ``system.network.packet.count``, ``system.network.errors``,
+    ``system.network.packet.dropped``, ``ridethrough.nic.stat``,
+    ``ridethrough.nic.carrier_changes``, ``ridethrough.nic.up``,
+    ``ridethrough.nic.mtu``, ``ridethrough.nic.speed``.
+
+    Counter samples are totals since the agent started, made monotonic by a
+    `CounterTracker`, so a NIC reset never shows up as a negative rate.
+    """
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: str | Path,
+        interval_s: float = 1.0,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] = ("lo",),
+        max_idle_collections: int = 60,
+    ) -> None:
+        """Read interfaces under ``<sysfs_root>/class/net``.
+
+        Args:
+            sysfs_root: where sysfs is mounted: ``/sys`` on a host, a captured
+                tree in tests.
+            interval_s: how often the agent should call `collect`.
+            include: shell globs (``eth*``, ``ens1f?np?``); when given, only
+                interfaces matching one of them are read.
+            exclude: shell globs of interfaces never read, applied after ``include``.
+            max_idle_collections: forget an interface's counters after this many
+                collections without it.
+
+        Raises:
+            ValueError: ``interval_s`` is not positive.
+        """
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self._net = Path(sysfs_root) / "class" / "net"
+        self._interval_s = float(interval_s)
+        self._include = tuple(include) if include is not None else None
+        self._exclude = tuple(exclude)
+        self._tracker = CounterTracker(max_idle_collections=max_idle_collections)
+        self._errors_total = 0
+
+    @property
+    def name(self) -> str:
+        """``netdev``."""
+        return "netdev"
+
+    @property
+    def interval_s(self) -> float:
+        """How often the agent calls `collect`."""
+        return self._interval_s
+
+    @property
+    def errors_total(self) -> int:
+        """Values skipped because they could not be read or parsed, since construction."""
+        return self._errors_total
+
+    @property
+    def resets_total(self) -> int:
+        """Counter resets (a raw value going down) seen since construction."""
+        return self._tracker.resets_total
+
+    def collect(self, now_ns: int) -> list[Sample]:
+        """Read every selected interface once; unreadable values are skipped and counted."""
+        samples: list[Sample] = []
+        try:
+            for interface in self._interfaces():
+                samples.extend(self._collect_interface(interface))
+        finally:
+            self._tracker.end_collection()
+        return samples
+
+    def _selected(self, interface: str) -> bool:
+        if self._include is not None and not any(
+            fnmatch.fnmatchcase(interface, pattern) for pattern in self._include
+        ):
+            return False
+        return not any(fnmatch.fnmatchcase(interface, pattern) for pattern in self._exclude)
+
+    def _interfaces(self) -> list[str]:
+        try:
+            entries = sorted(os.listdir(self._net))
+        except OSError as exc:
+            self._error(self._net, exc)
+            return []
+        # class/net also holds plain files such as bonding_masters.
+        return [e for e in entries if self._selected(e) and (self._net / e).is_dir()]
+
+    def _collect_interface(self, interface: str) -> Iterator[Sample]:
+        base = self._net / interface
+        attributes = {_IFACE: interface}
+        yield from self._statistics(base, interface)
+        changes = self._value(base / "carrier_changes", parse_counter)
+        if changes is not None:
+            yield self._counter("ridethrough.nic.carrier_changes", "{change}", attributes, changes)
+        yield from self._link_gauges(base, attributes)
+
+    def _statistics(self, base: Path, interface: str) -> Iterator[Sample]:
+        directory = base / "statistics"
+        try:
+            files = sorted(os.listdir(directory))
+        except FileNotFoundError as exc:
+            if base.is_dir():  # the interface is there, its counters are not
+                self._error(directory, exc)
+            return
+        except OSError as exc:
+            self._error(directory, exc)
+            return
+        for file in files:
+            raw = self._value(directory / file, parse_counter)
+            if raw is None:
+                continue
+            mapped = _MAPPED_STATISTICS.get(file)
+            if mapped is None:
+                attrs = {_IFACE: interface, "nic.counter": file}
+                yield self._counter("ridethrough.nic.stat", "1", attrs, raw)
+            else:
+                metric, unit, direction = mapped
+                yield self._counter(metric, unit, {_IFACE: interface, _DIRECTION: direction}, raw)
+
+    def _link_gauges(self, base: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
+        operstate = self._value(base / "operstate", parse_operstate)
+        if operstate is not None:
+            carrier = self._value(base / "carrier", parse_carrier)
+            # Both must agree: operstate alone stays "up" on some drivers for a
+            # moment after the cable is pulled, carrier alone ignores admin state.
+            up = 1 if operstate == "up" and carrier == 1 else 0
+            yield _gauge("ridethrough.nic.up", "1", attributes, up)
+        mtu = self._value(base / "mtu", parse_counter)
+        if mtu is not None:
+            yield _gauge("ridethrough.nic.mtu", "By", attributes, mtu)
+        speed = self._value(base / "speed", parse_speed)
+        if speed is not None:
+            yield _gauge("ridethrough.nic.speed", "Mbit/s", attributes, speed)
+
+    def _counter(self, metric: str, unit: str, attributes: Mapping[str, str], raw: int) -> Sample:
+        total = self._tracker.observe(metric, attributes, raw)
+        return Sample(metric, float(total), MetricKind.COUNTER, unit, dict(attributes))
+
+    def _value(self, path: Path, parse: Callable[[str], _T]) -> _T | None:
+        try:
+            text = read_sysfs_text(path)
+        except OSError as exc:
+            unknown = exc.errno == errno.EINVAL and path.name in _EINVAL_MEANS_UNKNOWN
+            if exc.errno != errno.ENOENT and not unknown:
+                self._error(path, exc)
+            return None
+        try:
+            return parse(text)
+        except ValueError as exc:
+            self._error(path, exc)
+            return None
+
+    def _error(self, path: Path, exc: Exception) -> None:
+        self._errors_total += 1
+        # Debug, not warning: a broken file would otherwise log every interval.
+        _log.debug("netdev: skipping %s: %s", path, exc)
+
+
+def _gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -> Sample:
+    return Sample(metric, float(value), MetricKind.GAUGE, unit, dict(attributes))

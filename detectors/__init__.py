@@ -1,0 +1,1 @@
+"""ridethrough.detectors"""

@@ -1,0 +1,340 @@
+"""The store's tables, as the OpenTelemetry Collector's ClickHouse exporter defines them.
+
+Generation matched: opentelemetry-collector-contrib ``exporter/clickhouseexporter``
+``internal/sqltemplates/*_table.sql`` of 2025, the generation whose metric tables carry
+``TimeUnix DateTime64(9)`` and ``ORDER BY (ServiceName, MetricName, Attributes,
+toUnixTimestamp64Nano(TimeUnix))``. Table and column names and types are the upstream
+ones, so the upstream Collector can write into these tables and every query here works
+on both. Two deliberate differences, neither visible to a reader of the tables:
+
+* non-replicated tables set ``non_replicated_deduplication_window`` so that spool replays
+  carrying an ``insert_deduplication_token`` are dropped by ClickHouse, not duplicated;
+* the exponential-histogram table uses ``DateTime64(9)`` like its siblings (upstream kept
+  ``DateTime`` there for a while; probe data needs sub-second resolution everywhere).
+
+With a cluster name, every table is created ``ON CLUSTER`` as ``<name>_local`` with a
+Replicated engine, and a Distributed table ``<name>`` over it, sharded so a host's series
+stay together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+_Z = "CODEC(ZSTD(1))"
+_DZ = "CODEC(Delta, ZSTD(1))"
+_MAP = "Map(LowCardinality(String), String)"
+DEDUP_WINDOW = 10_000
+"""Recent insert tokens each non-replicated table remembers (ClickHouse's replicated default is 1000)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column; ``insert`` is False for ALIAS/DEFAULT columns that ClickHouse fills itself."""
+
+    name: str
+    type: str
+    extra: str = _Z
+    insert: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A table's columns and storage layout."""
+
+    name: str
+    columns: tuple[Column, ...]
+    indexes: tuple[str, ...]
+    partition_by: str
+    order_by: str
+    shard_key: str
+    primary_key: str = ""
+    engine: str = "MergeTree"
+
+    @property
+    def insert_columns(self) -> tuple[str, ...]:
+        """Columns an insert supplies, in table order (Nested parts as ``Parent.Child``)."""
+        return tuple(c.name for c in self.columns if c.insert)
+
+
+def _nested(parent: str, parts: tuple[tuple[str, str], ...]) -> tuple[Column, ...]:
+    # Nested columns are flattened (flatten_nested=1, the default) into Array columns.
+    return tuple(Column(f"{parent}.{name}", f"Array({typ})") for name, typ in parts)
+
+
+_EXEMPLARS = _nested(
+    "Exemplars",
+    (
+        ("FilteredAttributes", _MAP),
+        ("TimeUnix", "DateTime64(9)"),
+        ("Value", "Float64"),
+        ("SpanId", "String"),
+        ("TraceId", "String"),
+    ),
+)
+
+_METRIC_HEAD = (
+    Column("ResourceAttributes", _MAP),
+    Column("ResourceSchemaUrl", "String"),
+    Column("ScopeName", "String"),
+    Column("ScopeVersion", "String"),
+    Column("ScopeAttributes", _MAP),
+    Column("ScopeDroppedAttrCount", "UInt32"),
+    Column("ScopeSchemaUrl", "String"),
+    Column("ServiceName", "LowCardinality(String)"),
+    Column("MetricName", "String"),
+    Column("MetricDescription", "String"),
+    Column("MetricUnit", "String"),
+    Column("Attributes", _MAP),
+    Column("StartTimeUnix", "DateTime64(9)", _DZ),
+    Column("TimeUnix", "DateTime64(9)", _DZ),
+)
+
+
+def _map_indexes(*maps: str) -> tuple[str, ...]:
+    prefixes = {"ResourceAttributes": "res_attr", "ScopeAttributes": "scope_attr", "Attributes": "attr",
+                "SpanAttributes": "span_attr", "LogAttributes": "log_attr"}
+    out: list[str] = []
+    for col in maps:
+        p = prefixes[col]
+        out.append(f"INDEX idx_{p}_key mapKeys({col}) TYPE bloom_filter(0.01) GRANULARITY 1")
+        out.append(f"INDEX idx_{p}_value mapValues({col}) TYPE bloom_filter(0.01) GRANULARITY 1")
+    return tuple(out)
+
+
+_METRIC_INDEXES = _map_indexes("ResourceAttributes", "ScopeAttributes", "Attributes")
+_METRIC_ORDER = "(ServiceName, MetricName, Attributes, toUnixTimestamp64Nano(TimeUnix))"
+_HOST_SHARD = "cityHash64(ResourceAttributes['host.name'])"
+
+
+def _metric_table(name: str, body: tuple[Column, ...]) -> Table:
+    return Table(name, _METRIC_HEAD + body, _METRIC_INDEXES, "toDate(TimeUnix)", _METRIC_ORDER, _HOST_SHARD)
+
+
+GAUGE = _metric_table(
+    "otel_metrics_gauge",
+    (Column("Value", "Float64"), Column("Flags", "UInt32"), *_EXEMPLARS),
+)
+SUM = _metric_table(
+    "otel_metrics_sum",
+    (
+        Column("Value", "Float64"),
+        Column("Flags", "UInt32"),
+        *_EXEMPLARS,
+        Column("AggregationTemporality", "Int32"),
+        Column("IsMonotonic", "Boolean", _DZ),
+    ),
+)
+_MIN_MAX_TEMPORALITY = (
+    Column("Flags", "UInt32"),
+    Column("Min", "Float64"),
+    Column("Max", "Float64"),
+    Column("AggregationTemporality", "Int32"),
+)
+HISTOGRAM = _metric_table(
+    "otel_metrics_histogram",
+    (
+        Column("Count", "UInt64", _DZ),
+        Column("Sum", "Float64"),
+        Column("BucketCounts", "Array(UInt64)"),
+        Column("ExplicitBounds", "Array(Float64)"),
+        *_EXEMPLARS,
+        *_MIN_MAX_TEMPORALITY,
+    ),
+)
+EXP_HISTOGRAM = _metric_table(
+    "otel_metrics_exponential_histogram",
+    (
+        Column("Count", "UInt64", _DZ),
+        Column("Sum", "Float64"),
+        Column("Scale", "Int32"),
+        Column("ZeroCount", "UInt64"),
+        Column("PositiveOffset", "Int32"),
+        Column("PositiveBucketCounts", "Array(UInt64)"),
+        Column("NegativeOffset", "Int32"),
+        Column("NegativeBucketCounts", "Array(UInt64)"),
+        *_EXEMPLARS,
+        *_MIN_MAX_TEMPORALITY,
+    ),
+)
+SUMMARY = _metric_table(
+    "otel_metrics_summary",
+    (
+        Column("Count", "UInt64", _DZ),
+        Column("Sum", "Float64"),
+        *_nested("ValueAtQuantiles", (("Quantile", "Float64"), ("Value", "Float64"))),
+        Column("Flags", "UInt32"),
+    ),
+)
+
+TRACES = Table(
+    "otel_traces",
+    (
+        Column("Timestamp", "DateTime64(9)", "CODEC(Delta(8), ZSTD(1))"),
+        Column("TraceId", "String"),
+        Column("SpanId", "String"),
+        Column("ParentSpanId", "String"),
+        Column("TraceState", "String"),
+        Column("SpanName", "LowCardinality(String)"),
+        Column("SpanKind", "LowCardinality(String)"),
+        Column("ServiceName", "LowCardinality(String)"),
+        Column("ResourceAttributes", _MAP),
+        Column("ScopeName", "String"),
+        Column("ScopeVersion", "String"),
+        Column("SpanAttributes", _MAP),
+        Column("Duration", "UInt64", "CODEC(T64, ZSTD(1))"),
+        Column("StatusCode", "LowCardinality(String)"),
+        Column("StatusMessage", "String"),
+        *_nested("Events", (("Timestamp", "DateTime64(9)"), ("Name", "LowCardinality(String)"),
+                            ("Attributes", _MAP))),
+        *_nested("Links", (("TraceId", "String"), ("SpanId", "String"), ("TraceState", "String"),
+                           ("Attributes", _MAP))),
+        Column("ResourceAttributeItems", "Array(String)",
+               "ALIAS arrayMap(kv -> concat(kv.1, '=', kv.2), "
+               "CAST(ResourceAttributes, 'Array(Tuple(String, String))'))", insert=False),
+        Column("SpanAttributeItems", "Array(String)",
+               "ALIAS arrayMap(kv -> concat(kv.1, '=', kv.2), "
+               "CAST(SpanAttributes, 'Array(Tuple(String, String))'))", insert=False),
+    ),
+    (
+        "INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1",
+        *_map_indexes("ResourceAttributes", "SpanAttributes"),
+        "INDEX idx_duration Duration TYPE minmax GRANULARITY 1",
+        "INDEX idx_lower_span_name lower(SpanName) TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 8",
+    ),
+    "toDate(Timestamp)",
+    "(ServiceName, SpanName, toDateTime(Timestamp), Timestamp)",
+    "cityHash64(TraceId)",
+    primary_key="(ServiceName, SpanName, toDateTime(Timestamp))",
+)
+
+TRACE_ID_TS = Table(
+    "otel_traces_trace_id_ts",
+    (
+        Column("TraceId", "String"),
+        Column("Start", "SimpleAggregateFunction(min, DateTime)"),
+        Column("End", "SimpleAggregateFunction(max, DateTime)"),
+    ),
+    (),
+    "toStartOfWeek(Start)",
+    "(TraceId)",
+    "cityHash64(TraceId)",
+    engine="AggregatingMergeTree",
+)
+
+LOGS = Table(
+    "otel_logs",
+    (
+        Column("Timestamp", "DateTime64(9)", "CODEC(Delta(8), ZSTD(1))"),
+        Column("TimestampTime", "DateTime", "DEFAULT toDateTime(Timestamp)", insert=False),
+        Column("TraceId", "String"),
+        Column("SpanId", "String"),
+        Column("TraceFlags", "UInt8", ""),
+        Column("SeverityText", "LowCardinality(String)"),
+        Column("SeverityNumber", "UInt8", ""),
+        Column("ServiceName", "LowCardinality(String)"),
+        Column("Body", "String"),
+        Column("ResourceSchemaUrl", "LowCardinality(String)"),
+        Column("ResourceAttributes", _MAP),
+        Column("ScopeSchemaUrl", "LowCardinality(String)"),
+        Column("ScopeName", "String"),
+        Column("ScopeVersion", "LowCardinality(String)"),
+        Column("ScopeAttributes", _MAP),
+        Column("LogAttributes", _MAP),
+    ),
+    (
+        "INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1",
+        *_map_indexes("ResourceAttributes", "ScopeAttributes", "LogAttributes"),
+        "INDEX idx_body Body TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 8",
+        "INDEX idx_body_ngrambf Body TYPE ngrambf_v1(4, 32768, 3, 0) GRANULARITY 1",
+    ),
+    "toDate(TimestampTime)",
+    "(ServiceName, TimestampTime, Timestamp)",
+    _HOST_SHARD,
+    primary_key="(ServiceName, TimestampTime)",
+)
+
+TABLES: tuple[Table, ...] = (GAUGE, SUM, HISTOGRAM, EXP_HISTOGRAM, SUMMARY, TRACES, TRACE_ID_TS, LOGS)
+TABLES_BY_NAME = {t.name: t for t in TABLES}
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _on_cluster(cluster: str) -> str:
+    return f" ON CLUSTER {_quote(cluster)}" if cluster else ""
+
+
+def _engine(table: Table, local_name: str, cluster: str) -> str:
+    if not cluster:
+        return table.engine
+    # {shard}/{replica} are macros every replica defines in its server config.
+    zk_path = f"'/clickhouse/tables/{{shard}}/{{database}}/{local_name}'"
+    return f"Replicated{table.engine}({zk_path}, '{{replica}}')"
+
+
+def _settings(cluster: str) -> str:
+    base = "index_granularity = 8192, ttl_only_drop_parts = 1"
+    if cluster:
+        return base  # replicated tables deduplicate insert tokens by default
+    return f"{base}, non_replicated_deduplication_window = {DEDUP_WINDOW}"
+
+
+def create_table_sql(table: Table, *, cluster: str = "") -> str:
+    """The CREATE TABLE statement for one table (the ``_local`` one when clustered)."""
+    name = f"{table.name}_local" if cluster else table.name
+    body = [f"    {c.name} {c.type} {c.extra}".rstrip() for c in table.columns if "." not in c.name]
+    body += _nested_definitions(table)
+    body += [f"    {ix}" for ix in table.indexes]
+    lines = [
+        f"CREATE TABLE IF NOT EXISTS {_quote(name)}{_on_cluster(cluster)} (",
+        ",\n".join(body),
+        f") ENGINE = {_engine(table, name, cluster)}",
+        f"PARTITION BY {table.partition_by}",
+    ]
+    if table.primary_key:
+        lines.append(f"PRIMARY KEY {table.primary_key}")
+    lines += [f"ORDER BY {table.order_by}", f"SETTINGS {_settings(cluster)}"]
+    return "\n".join(lines)
+
+
+def _nested_definitions(table: Table) -> list[str]:
+    groups: dict[str, list[str]] = {}
+    for c in table.columns:
+        if "." in c.name:
+            parent, child = c.name.split(".", 1)
+            inner = c.type.removeprefix("Array(").removesuffix(")")
+            groups.setdefault(parent, []).append(f"{child} {inner}")
+    return [f"    {parent} Nested ({', '.join(parts)}) {_Z}" for parent, parts in groups.items()]
+
+
+def create_distributed_sql(table: Table, *, cluster: str) -> str:
+    """The Distributed table that fronts ``<name>_local`` on every shard."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {_quote(table.name)}{_on_cluster(cluster)} "
+        f"AS {_quote(table.name + '_local')} "
+        f"ENGINE = Distributed({_quote(cluster)}, currentDatabase(), {_quote(table.name + '_local')}, "
+        f"{table.shard_key})"
+    )
+
+
+def trace_id_ts_view_sql(*, cluster: str = "") -> str:
+    """The materialized view that keeps each trace's time span for fast lookup by TraceId."""
+    suffix = "_local" if cluster else ""
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {_quote('otel_traces_trace_id_ts_mv' + suffix)}"
+        f"{_on_cluster(cluster)} TO {_quote('otel_traces_trace_id_ts' + suffix)} AS SELECT "
+        "TraceId, min(Timestamp) AS Start, max(Timestamp) AS End "
+        f"FROM {_quote('otel_traces' + suffix)} WHERE TraceId != '' GROUP BY TraceId"
+    )
+
+
+def ddl(*, cluster: str = "") -> Iterator[str]:
+    """Every statement that creates the schema, in order; each is idempotent."""
+    for table in TABLES:
+        yield create_table_sql(table, cluster=cluster)
+        if cluster:
+            yield create_distributed_sql(table, cluster=cluster)
+    yield trace_id_ts_view_sql(cluster=cluster)

@@ -1,0 +1,5 @@
+"""``python -m ridethrough``."""
+
+from ridethrough.cli import main
+
+main()

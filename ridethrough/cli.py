@@ -1,0 +1,226 @@
+"""The ``ridethrough`` command line.
+
+Every command loads its component's config (flag > env > file > default), builds its
+objects through `ridethrough.wiring`, and owns their lifetime. Config errors stop the
+program at start with one precise line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ridethrough.config import ConfigError, Loaded, render
+from ridethrough.settings import load_component
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Keep GPU jobs running through fabric faults.")
+store_app = typer.Typer(no_args_is_help=True, help="Manage the ClickHouse store.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
+app.add_typer(store_app, name="store")
+app.add_typer(config_app, name="config")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
+StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]
+
+
+def _load(component: str, config: Path | None, **flags: Any) -> Any:
+    try:
+        loaded: Loaded[Any] = load_component(component, file=config, env=os.environ, flags=flags)
+    except ConfigError as exc:
+        typer.echo(f"ridethrough: config error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    return loaded.config
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _wait_for_signal(duration_s: float | None, on_hup: Any = None) -> None:
+    """Block until SIGINT/SIGTERM (or ``duration_s``); SIGHUP calls ``on_hup``."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if on_hup is not None:
+        signal.signal(signal.SIGHUP, lambda *_: on_hup())
+    stop.wait(duration_s)
+
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
+Duration = Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")]
+
+
+@app.command()
+def gateway(
+    config: ConfigOpt = None,
+    otlp_listen: Annotated[str | None, typer.Option(help="OTLP/gRPC HOST:PORT (port 0: any).")] = None,
+    store: StoreOpt = None,
+    spool: Annotated[str | None, typer.Option(help="Spool directory.")] = None,
+    metrics_listen: Annotated[str | None, typer.Option(help="Prometheus /metrics HOST:PORT.")] = None,
+    ready_file: Annotated[str | None, typer.Option(help="Write bound addresses here as JSON.")] = None,
+    duration: Duration = None,
+    verbose: Verbose = False,
+) -> None:
+    """Run the OTLP gateway alone (at scale, against a ClickHouse server)."""
+    from ridethrough import wiring
+
+    _logging(verbose)
+    cfg = _load("gateway", config, otlp_listen=otlp_listen, store=store, spool=spool,
+                metrics_listen=metrics_listen, ready_file=ready_file)
+    runtime = wiring.GatewayRuntime(cfg=cfg, store=wiring.open_store(cfg))
+    addresses = runtime.start()
+    if cfg.ready_file:
+        wiring.write_ready_file(cfg.ready_file, addresses)
+    typer.echo(f"gateway: OTLP on {addresses['otlp']}", err=True)
+
+    def reload() -> None:
+        new = _load("gateway", config, store=store)
+        if new.store != runtime.cfg.store:
+            logging.getLogger("ridethrough").info("SIGHUP: switching store")
+            runtime.swap_store(wiring.open_store(new))
+
+    try:
+        _wait_for_signal(duration, on_hup=reload)
+    finally:
+        runtime.stop()
+
+
+@app.command()
+def server(
+    config: ConfigOpt = None,
+    otlp_listen: Annotated[str | None, typer.Option(help="OTLP/gRPC HOST:PORT (port 0: any).")] = None,
+    store: StoreOpt = None,
+    spool: Annotated[str | None, typer.Option(help="Spool directory.")] = None,
+    metrics_listen: Annotated[str | None, typer.Option(help="Prometheus /metrics HOST:PORT.")] = None,
+    store_http_listen: Annotated[str | None, typer.Option(
+        help="Read-only ClickHouse HTTP endpoint over the store, HOST:PORT.")] = None,
+    ready_file: Annotated[str | None, typer.Option(help="Write bound addresses here as JSON.")] = None,
+    duration: Duration = None,
+    verbose: Verbose = False,
+) -> None:
+    """Run the server-side components in one process around one store (the all-in-one)."""
+    from ridethrough import wiring
+
+    _logging(verbose)
+    gcfg = _load("gateway", config, otlp_listen=otlp_listen, store=store, spool=spool,
+                 metrics_listen=metrics_listen, ready_file=ready_file)
+    scfg = _load("server", config, store_http_listen=store_http_listen)
+    with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg) as runtime:
+        typer.echo(f"server: {runtime.addresses}", err=True)
+        _wait_for_signal(duration)
+
+
+@app.command()
+def agent(
+    config: ConfigOpt = None,
+    gateway: Annotated[str | None, typer.Option(help="Gateway OTLP/gRPC HOST:PORT.")] = None,
+    node_id: Annotated[str | None, typer.Option(help="Node identity (default: host name).")] = None,
+    cluster: Annotated[str | None, typer.Option(help="Cluster name.")] = None,
+    rack: Annotated[str | None, typer.Option(help="Rack label.")] = None,
+    sysfs_root: Annotated[str | None, typer.Option(help="Where sysfs is mounted.")] = None,
+    interval_s: Annotated[float | None, typer.Option("--interval", help="Sampling interval, seconds.")] = None,
+    export_interval_s: Annotated[float | None, typer.Option(
+        "--export-interval", help="Export interval, seconds.")] = None,
+    duration: Duration = None,
+    verbose: Verbose = False,
+) -> None:
+    """Run the node agent: sample this host and export to a gateway."""
+    from ridethrough import wiring
+
+    _logging(verbose)
+    cfg = _load("agent", config, gateway=gateway, node_id=node_id, cluster=cluster, rack=rack,
+                sysfs_root=sysfs_root, interval_s=interval_s, export_interval_s=export_interval_s)
+    try:
+        node = wiring.build_agent(cfg)
+    except ValueError as exc:
+        typer.echo(f"ridethrough: config error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    node.start()
+    typer.echo(f"agent: exporting to {cfg.gateway}", err=True)
+    try:
+        _wait_for_signal(duration)
+    finally:
+        node.stop()
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="A SELECT, SHOW, DESCRIBE, EXPLAIN or WITH statement.")],
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, json or csv.")] = "table",
+) -> None:
+    """Run a read-only query against the store and print the result."""
+    from ridethrough import query as q
+
+    cfg = _load("gateway", config, store=store)
+    try:
+        q.check_read_only(sql)
+        typer.echo(q.run(cfg.store, sql, fmt=fmt), nl=False)
+    except q.QueryRefused as exc:
+        typer.echo(f"ridethrough: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except q.QueryFailed as exc:
+        typer.echo(f"ridethrough: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@store_app.command("init")
+def store_init(store: StoreOpt = None, config: ConfigOpt = None,
+               cluster: Annotated[str | None, typer.Option(help="ClickHouse cluster name.")] = None,
+               print_sql: Annotated[bool, typer.Option("--print-sql", help="Print the DDL, run nothing.")] = False,
+               ) -> None:
+    """Create every table and view, idempotently."""
+    from ridethrough import wiring
+    from ridethrough.exporters import schema
+    from ridethrough.exporters.store import StoreError, StoreUnavailable
+
+    cfg = _load("gateway", config, store=store, cluster=cluster)
+    if print_sql:
+        typer.echo(";\n\n".join(schema.ddl(cluster=cfg.cluster)) + ";")
+        return
+    try:
+        n = wiring.open_store(cfg).init_schema()
+    except (StoreUnavailable, StoreError) as exc:
+        typer.echo(f"ridethrough: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"store ready: {n} statements applied")
+
+
+@config_app.command("show")
+def config_show(component: Annotated[str, typer.Argument(help="agent, gateway or server.")],
+                config: ConfigOpt = None) -> None:
+    """Print the effective config of a component and where each value came from."""
+    try:
+        loaded = load_component(component, file=config, env=os.environ)
+    except ConfigError as exc:
+        typer.echo(f"ridethrough: config error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(render(loaded, component=component))
+
+
+@app.command()
+def demo(
+    duration: Duration = None,
+    data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its store.")] = Path(".ridethrough/demo"),
+    verbose: Verbose = False,
+) -> None:
+    """Run the main job: gateway on an embedded store, an agent on this host, live counts."""
+    from ridethrough import demo as demo_mod
+
+    _logging(verbose)
+    raise typer.Exit(demo_mod.run(data_dir=data_dir, duration_s=duration))
+
+
+def main() -> None:
+    """Console entry point."""
+    app()

@@ -1,0 +1,163 @@
+"""The config model of each component, and the checks their fields share.
+
+Every field carries ``help`` in its metadata: the same text feeds ``config show``, the JSON
+Schema and the generated Helm values. Host names and other facts about the machine are not
+looked up here; the composition root fills in empty fields such as ``AgentConfig.node_id``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ridethrough.config import ConfigError, FrozenMap, Loaded, load
+
+_MiB = 1024 * 1024
+_GiB = 1024 * _MiB
+_STORE_SCHEMES = ("chdb", "http", "https")
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 as ``[::1]:4317``) into host and port; port 0 means any free port.
+
+    Raises ValueError naming what is wrong.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or any(c.isspace() for c in text):
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    if host.startswith("[") and host.endswith("]") and host[1:-1] and not set("[]") & set(host[1:-1]):
+        host = host[1:-1]
+    elif ":" in host or "[" in host or "]" in host:
+        raise ValueError(f"expected HOST:PORT, IPv6 hosts in brackets like '[::1]:4317', got {text!r}")
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"expected a port from 0 to 65535 in {text!r}, got {port!r}")
+    return host, int(port)
+
+
+def check_listen(text: str) -> None:
+    """An optional listen address: empty (off) or ``HOST:PORT``."""
+    if text:
+        parse_hostport(text)
+
+
+def check_store_dsn(dsn: str) -> None:
+    """A store DSN is ``chdb://PATH`` or ``http(s)://[USER:PASSWORD@]HOST:PORT/DB``."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or scheme not in _STORE_SCHEMES or not rest:
+        raise ValueError(f"expected chdb://PATH or http(s)://[USER:PASSWORD@]HOST:PORT/DB, got {dsn!r}")
+
+
+def _help(text: str, **checks: Any) -> dict[str, Any]:
+    return {"help": text, **checks}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayConfig:
+    """The OTLP gateway: receives telemetry, batches it into the store, spools when the store is away."""
+
+    otlp_listen: str = field(default="127.0.0.1:4317", metadata=_help(
+        "OTLP/gRPC listen address, HOST:PORT (port 0 picks a free port).", check=parse_hostport))
+    store: str = field(default="chdb://.ridethrough/store", metadata=_help(
+        "ClickHouse DSN: chdb://PATH (embedded) or http(s)://USER:PASSWORD@HOST:8123/DB.",
+        check=check_store_dsn, dsn=True))
+    spool: str = field(default=".ridethrough/spool", metadata=_help(
+        "Directory where batches wait while the store is unreachable."))
+    metrics_listen: str = field(default="", metadata=_help(
+        "Prometheus /metrics listen address, HOST:PORT; empty turns it off.", check=check_listen))
+    ready_file: str = field(default="", metadata=_help(
+        "File written with the bound addresses once the gateway serves; empty writes none."))
+    cluster: str = field(default="", metadata=_help(
+        "ClickHouse cluster name; non-empty makes table DDL run ON CLUSTER."))
+    max_message_bytes: int = field(default=16 * _MiB, metadata=_help(
+        "Largest accepted OTLP request, in bytes.", min=1024))
+    max_attributes: int = field(default=128, metadata=_help(
+        "Most attributes a point, span or log record may carry; one with more is rejected (partial success).", min=1))
+    max_attribute_value_bytes: int = field(default=4096, metadata=_help(
+        "Longest attribute value, in bytes; an item with a longer one is rejected (partial success).", min=1))
+    batch_max_rows: int = field(default=50_000, metadata=_help(
+        "Rows per insert batch before it is flushed.", min=1))
+    batch_max_age_s: float = field(default=0.2, metadata=_help(
+        "Longest a row waits in a batch before it is flushed, in seconds.", min=0))
+    spool_max_bytes: int = field(default=1 * _GiB, metadata=_help(
+        "Largest total size of the on-disk spool, in bytes.", min=0))
+    replay_initial_backoff_s: float = field(default=0.5, metadata=_help(
+        "First wait before replaying the spool to a store that failed, in seconds.", min=0))
+    replay_max_backoff_s: float = field(default=30.0, metadata=_help(
+        "Longest wait between spool replay attempts, in seconds.", min=0))
+    store_timeout_s: float = field(default=10.0, metadata=_help(
+        "Timeout of one store request, in seconds.", min=0.01))
+    workers: int = field(default=16, metadata=_help("gRPC handler threads.", min=1))
+
+    def __post_init__(self) -> None:
+        if self.replay_initial_backoff_s > self.replay_max_backoff_s:
+            raise ValueError(
+                f"replay_initial_backoff_s ({self.replay_initial_backoff_s}) must not exceed "
+                f"replay_max_backoff_s ({self.replay_max_backoff_s})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """The all-in-one process: owns an embedded store and hosts the gateway and more around it."""
+
+    store_http_listen: str = field(default="127.0.0.1:0", metadata=_help(
+        "Read-only ClickHouse-compatible HTTP endpoint over the owned store, HOST:PORT; empty turns it off.",
+        check=check_listen))
+    store_http_ready_file: str = field(default="", metadata=_help(
+        "File written with the store HTTP address once it serves; empty writes none."))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """The node agent: samples its sources and exports them to a gateway."""
+
+    gateway: str = field(default="127.0.0.1:4317", metadata=_help(
+        "Gateway OTLP/gRPC address, HOST:PORT.", check=parse_hostport))
+    node_id: str = field(default="", metadata=_help("This node's identity; empty means the host name."))
+    cluster: str = field(default="default", metadata=_help("Cluster this node belongs to."))
+    rack: str = field(default="", metadata=_help("Rack of this node; empty if unknown."))
+    pod: str = field(default="", metadata=_help(
+        "Pod (network pod or Kubernetes pod) of this node; empty if unknown."))
+    labels: Mapping[str, str] = field(default=FrozenMap(), metadata=_help(
+        "Extra resource attributes, KEY=VALUE,... in env and flags."))
+    sysfs_root: str = field(default="/sys", metadata=_help(
+        "Where sysfs is mounted; point it at a captured tree to replay one."))
+    sources: tuple[str, ...] = field(default=("netdev", "infiniband"), metadata=_help(
+        "Sources to sample, comma-separated in env and flags."))
+    interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
+    export_interval_s: float = field(default=1.0, metadata=_help(
+        "Interval between exports to the gateway, in seconds.", min=0.01))
+    export_timeout_s: float = field(default=5.0, metadata=_help(
+        "Timeout of one export to the gateway, in seconds.", min=0.01))
+    buffer_max_batches: int = field(default=300, metadata=_help(
+        "Batches kept while the gateway is away; the oldest are dropped beyond this.", min=1))
+
+    def __post_init__(self) -> None:
+        # direct construction may pass a plain dict; keep the config immutable and hashable
+        object.__setattr__(self, "labels", FrozenMap(self.labels))
+
+
+COMPONENTS: Mapping[str, type] = MappingProxyType({
+    "agent": AgentConfig,
+    "gateway": GatewayConfig,
+    "server": ServerConfig,
+})
+
+
+def load_component(
+    component: str,
+    *,
+    file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Loaded[Any]:
+    """Load one component's config; the file may hold sections for any of :data:`COMPONENTS`."""
+    model = COMPONENTS.get(component)
+    if model is None:
+        match = difflib.get_close_matches(component, list(COMPONENTS), n=1)
+        hint = f" (did you mean {match[0]!r}?)" if match else ""
+        raise ConfigError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}{hint}")
+    return load(model, component=component, file=file, env=env, flags=flags, known_sections=COMPONENTS)

@@ -1,0 +1,182 @@
+"""The composition root: build components from their config and hand them their parts.
+
+Nothing else in the package opens a store, binds a port or reads the host name; the
+commands in `ridethrough.cli` call these builders and own the objects' lifetimes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import start_http_server
+
+from ridethrough.collector.agent import Agent, AgentIdentity
+from ridethrough.collector.sample import Source
+from ridethrough.collector.sources.infiniband import InfinibandSource
+from ridethrough.collector.sources.netdev import NetdevSource
+from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
+from ridethrough.exporters.gateway_metrics import GatewayMetrics
+from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
+from ridethrough.exporters.rows import Limits
+from ridethrough.exporters.spool import Spool
+from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
+from ridethrough.exporters.store_http import StoreHttpEndpoint
+from ridethrough.settings import AgentConfig, GatewayConfig, ServerConfig, parse_hostport
+
+log = logging.getLogger(__name__)
+
+
+def write_ready_file(path: str, info: dict[str, Any]) -> None:
+    """Atomically write ``info`` as JSON, so a reader never sees half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".ready-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, target)
+
+
+def open_store(cfg: GatewayConfig) -> Store:
+    """The one store client of a server-side process."""
+    return Store(cfg.store, cluster=cfg.cluster, timeout_s=cfg.store_timeout_s)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class GatewayRuntime:
+    """A running gateway: OTLP server, pipeline, spool and its /metrics endpoint."""
+
+    cfg: GatewayConfig
+    store: Store
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics.create)
+    addresses: dict[str, str] = field(default_factory=dict)
+    _server: grpc.Server | None = None
+    _pipeline: Pipeline | None = None
+    _http: Any = None
+
+    def start(self) -> dict[str, str]:
+        """Initialise the schema (if the store is there), replay the spool, then serve."""
+        self._init_schema()
+        limits = Limits(max_attributes=self.cfg.max_attributes,
+                        max_attribute_value_bytes=self.cfg.max_attribute_value_bytes)
+        policy = BatchPolicy(max_rows=self.cfg.batch_max_rows, max_age_s=self.cfg.batch_max_age_s,
+                             max_pending_rows=max(self.cfg.batch_max_rows * 4, 10_000),
+                             replay_initial_backoff_s=self.cfg.replay_initial_backoff_s,
+                             replay_max_backoff_s=self.cfg.replay_max_backoff_s)
+        spool = Spool(self.cfg.spool, max_bytes=self.cfg.spool_max_bytes)
+        self._pipeline = Pipeline(store=self.store, spool=spool, limits=limits, policy=policy,
+                                  metrics=self.metrics)
+        if spool.pending():
+            log.info("replaying %d spooled batch(es) before serving", len(spool.pending()))
+            self._pipeline.replay_once()
+        self._pipeline.start()
+        receiver = OtlpReceiver(pipeline=self._pipeline, limits=limits, metrics=self.metrics,
+                                ack_timeout_s=self.cfg.store_timeout_s * 3)
+        host, _ = parse_hostport(self.cfg.otlp_listen)
+        options = ServerOptions(max_message_bytes=self.cfg.max_message_bytes, workers=self.cfg.workers)
+        self._server, port = build_server(receiver, listen=self.cfg.otlp_listen, options=options)
+        self.addresses["otlp"] = _address(host, port)
+        self._start_metrics_http()
+        log.info("gateway serving OTLP on %s, store %s", self.addresses["otlp"], self.store.dsn)
+        return self.addresses
+
+    def _init_schema(self) -> None:
+        try:
+            self.store.init_schema()
+        except (StoreUnavailable, StoreError) as exc:
+            # Not fatal: batches spool until the store is back (the schema is made then).
+            log.warning("store not ready at start, will spool: %s", exc)
+
+    def _start_metrics_http(self) -> None:
+        if not self.cfg.metrics_listen:
+            return
+        host, port = parse_hostport(self.cfg.metrics_listen)
+        self._http, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+        self.addresses["metrics"] = _address(host, self._http.server_port)
+
+    def swap_store(self, store: Store) -> None:
+        """Point the gateway at another store (config reload); spooled batches follow."""
+        old, self.store = self.store, store
+        self._init_schema()
+        if self._pipeline is not None:
+            self._pipeline.store = store
+            self._pipeline.wake_replayer()
+        old.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop taking requests, flush what is queued, and close."""
+        if self._server is not None:
+            self._server.stop(grace=min(2.0, timeout_s)).wait(timeout_s)
+        if self._pipeline is not None:
+            self._pipeline.shutdown(timeout_s)
+        if self._http is not None:
+            self._http.shutdown()
+
+
+def build_sources(cfg: AgentConfig) -> list[Source]:
+    """The agent's sources by name, reading ``cfg.sysfs_root``."""
+    makers = {
+        "netdev": lambda: NetdevSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s),
+        "infiniband": lambda: InfinibandSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s),
+    }
+    unknown = [n for n in cfg.sources if n not in makers]
+    if unknown:
+        raise ValueError(f"agent.sources: unknown source(s) {unknown}; known: {sorted(makers)}")
+    return [makers[name]() for name in cfg.sources]
+
+
+def build_agent(cfg: AgentConfig) -> Agent:
+    """An agent for this host from its config (the host name is read here, and only here)."""
+    host_name = socket.gethostname()
+    identity = AgentIdentity(node_id=cfg.node_id or host_name, host_name=host_name, cluster=cfg.cluster,
+                             rack=cfg.rack, pod=cfg.pod, labels=dict(cfg.labels))
+    return Agent(identity=identity, sources=build_sources(cfg), gateway=cfg.gateway,
+                 export_interval_s=cfg.export_interval_s, export_timeout_s=cfg.export_timeout_s,
+                 buffer_max_batches=cfg.buffer_max_batches)
+
+
+class ServerRuntime:
+    """The all-in-one server: one store client shared by the gateway and the store endpoint."""
+
+    def __init__(self, *, gateway_cfg: GatewayConfig, server_cfg: ServerConfig) -> None:
+        self.store = open_store(gateway_cfg)
+        self.gateway = GatewayRuntime(cfg=gateway_cfg, store=self.store)
+        self._server_cfg = server_cfg
+        self._endpoint: StoreHttpEndpoint | None = None
+        self.addresses: dict[str, str] = {}
+
+    def start(self) -> dict[str, str]:
+        """Start the gateway, then the read-only store endpoint; write the ready file."""
+        self.addresses.update(self.gateway.start())
+        if self._server_cfg.store_http_listen:
+            host, port = parse_hostport(self._server_cfg.store_http_listen)
+            self._endpoint = StoreHttpEndpoint(client=self.store.client(), host=host, port=port)
+            bound_host, bound_port = self._endpoint.start()
+            self.addresses["store_http"] = f"http://{_address(bound_host, bound_port)}"
+        if self.gateway.cfg.ready_file:
+            write_ready_file(self.gateway.cfg.ready_file, self.addresses)
+        return self.addresses
+
+    def stop(self) -> None:
+        """Stop the endpoint and the gateway."""
+        if self._endpoint is not None:
+            self._endpoint.stop()
+        self.gateway.stop()
+
+    def __enter__(self) -> ServerRuntime:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

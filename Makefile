@@ -32,7 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy ridethrough collector exporters detectors actuators dashboards lab
+	bash tests/tools/typecheck.sh
 
 unit: $(STAMP) debs
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile

@@ -15,7 +15,16 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Exemplar, Metric, NumberDataPoint
 
 from ridethrough.exporters import schema
-from ridethrough.exporters.rows import RESOURCE_LIMITS, InvalidItem, Limits, Rejections, Rows, attributes, finite, hex_id
+from ridethrough.exporters.rows import (
+    RESOURCE_LIMITS,
+    InvalidItem,
+    Limits,
+    Rejections,
+    Rows,
+    attributes,
+    finite,
+    hex_id,
+)
 
 _SHARED = ("ResourceAttributes", "ResourceSchemaUrl", "ScopeName", "ScopeVersion", "ScopeAttributes",
            "ScopeDroppedAttrCount", "ScopeSchemaUrl", "ServiceName", "MetricName", "MetricDescription",

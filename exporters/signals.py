@@ -55,9 +55,9 @@ class Signal(enum.Enum):
         """The serialized Export response, with partial_success when anything was rejected."""
         response = self.response_type()
         if rejected:
-            ps = response.partial_success  # type: ignore[attr-defined]
+            ps = response.partial_success
             field = {Signal.METRICS: "rejected_data_points", Signal.TRACES: "rejected_spans",
                      Signal.LOGS: "rejected_log_records"}[self]
             setattr(ps, field, rejected)
             ps.error_message = message
-        return response.SerializeToString()
+        return bytes(response.SerializeToString())

@@ -206,7 +206,8 @@ class _Gate:
 
     def learn_server(self) -> None:
         """Read what response headers report: time zone, current database, display name."""
-        raw = self._raw("SELECT timezone(), currentDatabase() FORMAT TSVRaw", {}, "learn server")
+        with self._lock:
+            raw = self._client.raw_query("SELECT timezone(), currentDatabase() FORMAT TSVRaw")
         self.timezone, self.database = raw.decode().rstrip("\n").split("\t")
         self.display_name = socket.gethostname()
 
@@ -323,12 +324,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_body(self, limit: int) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return self._read_chunked(limit)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError as ex:
-            raise _Failure.of(400, 36, "BAD_ARGUMENTS", "bad Content-Length") from ex
-        if length < 0:
-            raise _Failure.of(400, 36, "BAD_ARGUMENTS", "bad Content-Length")
+        length_text = self.headers.get("Content-Length") or "0"
+        if not length_text.isdigit():
+            raise _Failure.of(400, 36, "BAD_ARGUMENTS", f"bad Content-Length {length_text!r}")
+        length = int(length_text)
         if length > limit:
             self._discard(length)
             raise _Failure.of(413, 229, "QUERY_IS_TOO_LARGE", f"body of {length} bytes exceeds {limit}")

@@ -50,9 +50,12 @@ def run(dsn: str, sql: str, *, fmt: str = "table") -> str:
     if fmt not in _FORMATS:
         raise QueryRefused(f"--format must be one of {', '.join(_FORMATS)}, got {fmt!r}")
     store = Store(dsn)
+    # An embedded store is opened here, so enforce read-only in the engine too (readonly=2
+    # still lets a query set its own settings). A server decides for its own users: a
+    # read-only user may not even name the setting.
+    settings = {"readonly": 2} if store.embedded else None
     try:
-        # readonly=2 forbids writes and DDL but lets the query set its own settings.
-        names, rows = store.query(sql, settings={"readonly": 2})
+        names, rows = store.query(sql, settings=settings)
     except (StoreUnavailable, StoreError) as exc:
         raise QueryFailed(str(exc)) from exc
     finally:

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ class GatewayRuntime:
 
 def build_sources(cfg: AgentConfig) -> list[Source]:
     """The agent's sources by name, reading ``cfg.sysfs_root``."""
-    makers = {
+    makers: dict[str, Callable[[], Source]] = {
         "netdev": lambda: NetdevSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s),
         "infiniband": lambda: InfinibandSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s),
     }

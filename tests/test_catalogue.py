@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ridethrough.collector.sample import MetricKind, Sample, Source
-from ridethrough.collector.sources import InfinibandSource, NetdevSource
 
 from ridethrough.catalogue import METRICS, MetricSpec, metric, metrics_of
+from ridethrough.collector.sample import MetricKind, Sample, Source
+from ridethrough.collector.sources import InfinibandSource, NetdevSource
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 TREES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())

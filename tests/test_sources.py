@@ -21,6 +21,7 @@ from types import ModuleType
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from ridethrough.collector.counters import CounterTracker, parse_counter
 from ridethrough.collector.sample import MetricKind, Sample, Source
 from ridethrough.collector.sources import InfinibandSource, NetdevSource

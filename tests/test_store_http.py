@@ -22,6 +22,7 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
+
 from ridethrough.exporters.store_http import StoreHttpEndpoint
 
 pytestmark = pytest.mark.integration
@@ -92,6 +93,8 @@ def test_reader_gets_rows_back(reader: Client, owner: Client) -> None:
     assert [tuple(row) for row in rows] == ROWS
     assert rows == table_rows(owner)
     assert reader.command("SELECT 1") == 1
+    assert reader.ping()
+    assert reader.query("SELECT * FROM t LIMIT 0").column_names == tuple(COLUMNS)
     assert reader.command("SELECT count() FROM t") == len(ROWS)
     assert reader.query("SELECT toTypeName(attrs), toTypeName(ts) FROM t LIMIT 1").result_rows == [
         ("Map(LowCardinality(String), String)", "DateTime64(9)")
@@ -163,6 +166,7 @@ def test_concurrent_readers(endpoint: tuple[str, int]) -> None:
         "SELECT 1; DROP TABLE t",
         "SELECT 1; INSERT INTO t (id, name) VALUES (9, 'x')",
         "SELECT 'a;b' FORMAT TSV;\nDROP TABLE t",
+        "/* /* nested */ SELECT */ DROP TABLE t",
     ],
 )
 def test_write_statements_are_refused(reader: Client, owner: Client, statement: str) -> None:

@@ -45,6 +45,7 @@ _TRANSPORT_PARAMS = frozenset({
 _PINNED_SETTINGS = {"readonly": "1", "allow_ddl": "0"}
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FORMAT_RE = re.compile(r"[A-Za-z0-9_]+\Z")
+_CANONICAL_FORMAT_RE = re.compile(r"`?([A-Za-z0-9_]+)`?\Z")
 _LEADING_NOISE_RE = re.compile(r"(?:\s+|--[^\n]*|#[^\n]*|/\*.*?\*/|\()*", re.S)
 _WORD_RE = re.compile(r"[A-Za-z_]+")
 # In canonical text each top-level clause starts a line; INTO OUTFILE writes a file even read-only.
@@ -116,6 +117,8 @@ def _first_keyword(sql: str) -> str:
 
 
 def _require_read(sql: str) -> None:
+    if not sql.strip():
+        raise _Failure.of(400, 62, "SYNTAX_ERROR", "Empty query")
     keyword = _first_keyword(sql)
     if keyword not in _READ_KEYWORDS:
         shown = keyword or "a statement that is not a query"
@@ -158,10 +161,11 @@ def _runnable_sql(canonical: str, request: _Request) -> tuple[str, str]:
     if not sep:
         head, fmt, post = canonical, request.default_format, ""
     else:
-        fmt, _, post = tail.partition("\n")
-        if not _FORMAT_RE.match(fmt) or (post and not post.startswith("SETTINGS ")):
+        fmt_token, _, post = tail.partition("\n")
+        fmt_name = _CANONICAL_FORMAT_RE.match(fmt_token)  # keywords such as Values come back quoted
+        if not fmt_name or (post and not post.startswith("SETTINGS ")):
             raise _Failure.of(400, 62, "SYNTAX_ERROR", "unsupported clause after FORMAT")
-        post = post.removeprefix("SETTINGS ")
+        fmt, post = fmt_name.group(1), post.removeprefix("SETTINGS ")
     changes = [post] if post else []
     changes += [f"{name} = {_quote(value)}" for name, value in request.settings.items()]
     changes.append("readonly = 1")
@@ -269,6 +273,9 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], gate: _Gate, max_query_bytes: int) -> None:
         self.gate, self.max_query_bytes = gate, max_query_bytes
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        logger.warning("store endpoint: connection from %s failed", client_address, exc_info=True)
 
 
 class _Server6(_Server):

@@ -30,14 +30,37 @@ UNION ALL SELECT 'logs (events)', count(), uniqExact(EventName), max(Timestamp) 
 """
 
 
-def _table(store: Store, started: float) -> Table:
+def _table(console: Console, store: Store, started: float, first: list[float]) -> Table:
     _, rows = store.query(_COUNTS)
-    table = Table(title=f"ridethrough demo: data landing in the store ({time.monotonic() - started:.0f} s)")
+    elapsed = time.monotonic() - started
+    if not first and any(count for _, count, _, _ in rows):
+        first.append(elapsed)
+        console.print(f"first rows landed {elapsed:.1f} s after start", soft_wrap=True)
+    table = Table(title=f"ridethrough demo: what landed in the store after {elapsed:.0f} s")
     for col in ("signal", "rows", "distinct names", "latest timestamp"):
         table.add_column(col)
     for what, count, series, latest in sorted(rows):
         table.add_row(what, f"{count:,}", str(series), str(latest) if count else "-")
     return table
+
+
+def _watch(console: Console, store: Store, started: float, first: list[float], stop: threading.Event,
+           duration_s: float | None) -> None:
+    """A live table on a terminal; one printed table every 5 s otherwise (logs, CI)."""
+    def due() -> bool:
+        return duration_s is not None and time.monotonic() - started >= duration_s
+    if console.is_terminal:
+        with Live(_table(console, store, started, first), console=console, refresh_per_second=2) as live:
+            while not stop.wait(1.0) and not due():
+                live.update(_table(console, store, started, first))
+        return
+    ticks = 0
+    while not stop.wait(1.0) and not due():
+        ticks += 1
+        table = _table(console, store, started, first)
+        if ticks % 5 == 0:
+            console.print(table)
+    console.print(_table(console, store, started, first))
 
 
 def run(*, data_dir: Path, duration_s: float | None) -> int:
@@ -51,19 +74,18 @@ def run(*, data_dir: Path, duration_s: float | None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ServerRuntime(gateway_cfg=gcfg, server_cfg=ServerConfig()) as server:
         console.print(f"[bold]gateway[/] OTLP on {server.addresses['otlp']}, store {gcfg.store}")
-        console.print(f"[bold]store[/] read-only SQL at {server.addresses.get('store_http', '-')} "
-                      "(try: ridethrough query --store URL 'SELECT ...')")
+        url = server.addresses.get("store_http", "")
+        console.print(f"[bold]store[/] read-only SQL at {url}; in another shell try:")
+        console.print(f"  ridethrough query --store {url} "
+                      "\"SELECT MetricName, count() FROM otel_metrics_sum GROUP BY MetricName\"", soft_wrap=True)
         node: Agent = build_agent(AgentConfig(gateway=server.addresses["otlp"], cluster="demo",
                                               export_interval_s=1.0))
         node.start()
         started = time.monotonic()
+        first: list[float] = []
         try:
-            with Live(_table(server.store, started), console=console, refresh_per_second=2) as live:
-                while not stop.wait(1.0):
-                    live.update(_table(server.store, started))
-                    if duration_s is not None and time.monotonic() - started >= duration_s:
-                        break
+            _watch(console, server.store, started, first, stop, duration_s)
         finally:
             node.stop()
-    console.print("demo stopped; data kept in", str(data_dir))
+    console.print(f"\ndemo stopped; data kept in {data_dir}")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -82,7 +83,7 @@ def fetch(
 
 
 def table_rows(owner: Client) -> list[tuple[object, ...]]:
-    return list(owner.query("SELECT * FROM t ORDER BY id").result_rows)
+    return [tuple(row) for row in owner.query("SELECT * FROM t ORDER BY id").result_rows]
 
 
 # --- clickhouse-connect's HTTP client, default options ---------------------------------------
@@ -136,15 +137,15 @@ def test_reader_sees_engine_errors(reader: Client) -> None:
 
 
 def test_concurrent_readers(endpoint: tuple[str, int]) -> None:
-    def count(_: int) -> int:
+    def counts(_: int) -> list[object]:
         client = clickhouse_connect.get_client(host=endpoint[0], port=endpoint[1])
         try:
-            return sum(int(client.command("SELECT count() FROM t")) for _ in range(5))  # type: ignore[arg-type]
+            return [client.query("SELECT count() FROM t").result_rows[0][0] for _ in range(5)]
         finally:
             client.close()
 
     with ThreadPoolExecutor(max_workers=6) as pool:
-        assert list(pool.map(count, range(6))) == [5 * len(ROWS)] * 6
+        assert list(pool.map(counts, range(6))) == [[len(ROWS)] * 5] * 6
 
 
 # --- writes are refused ---------------------------------------------------------------------
@@ -244,6 +245,16 @@ def test_post_formats(endpoint: tuple[str, int]) -> None:
     assert (status, body) == (200, b"2\n")
 
 
+@pytest.mark.parametrize(
+    "fmt", ["TabSeparated", "CSVWithNames", "RowBinaryWithNamesAndTypes", "Native", "JSONEachRow", "Values"]
+)
+def test_bytes_match_what_the_owner_reads(endpoint: tuple[str, int], owner: Client, fmt: str) -> None:
+    sql = "SELECT * FROM t ORDER BY id"
+    status, body, headers = fetch(endpoint, body=f"{sql} FORMAT {fmt}".encode())
+    assert (status, headers["X-ClickHouse-Format"]) == (200, fmt)
+    assert body == owner.raw_query(sql, fmt=fmt)
+
+
 def test_url_bindings_are_escaped_text(endpoint: tuple[str, int]) -> None:
     """`param_<name>` values are ClickHouse escaped text, handed to the engine unchanged."""
     query = urllib.parse.urlencode({"param_v": "tab\\there \\\\ back", "param_n": "\\N"})
@@ -292,6 +303,18 @@ def test_malformed_http_does_not_stop_the_server(endpoint: tuple[str, int]) -> N
     assert (response.status, response.read()) == (200, b"42\n")
     chunked.close()
     assert fetch(endpoint, path="/ping")[:2] == (200, b"Ok.\n")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl(endpoint: tuple[str, int]) -> None:
+    base = f"http://{endpoint[0]}:{endpoint[1]}"
+    got = subprocess.run(["curl", "-sS", f"{base}/?query=SELECT+1"], capture_output=True, timeout=30, check=True)
+    assert got.stdout == b"1\n"
+    sql = b"SELECT id, name FROM t WHERE id = 1 FORMAT JSON"
+    got = subprocess.run(
+        ["curl", "-sS", "--data-binary", "@-", base], input=sql, capture_output=True, timeout=30, check=True
+    )
+    assert json.loads(got.stdout)["data"] == [{"id": 1, "name": "alpha"}]
 
 
 # --- the point of it all: another process reads the store this one owns --------------------

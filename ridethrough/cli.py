@@ -130,6 +130,7 @@ def agent(
     interval_s: Annotated[float | None, typer.Option("--interval", help="Sampling interval, seconds.")] = None,
     export_interval_s: Annotated[float | None, typer.Option(
         "--export-interval", help="Export interval, seconds.")] = None,
+    clock_script: Annotated[str | None, typer.Option(help="A lab host's clock file.")] = None,
     duration: Duration = None,
     verbose: Verbose = False,
 ) -> None:
@@ -138,7 +139,8 @@ def agent(
 
     _logging(verbose)
     cfg = _load("agent", config, gateway=gateway, node_id=node_id, cluster=cluster, rack=rack,
-                sysfs_root=sysfs_root, interval_s=interval_s, export_interval_s=export_interval_s)
+                sysfs_root=sysfs_root, interval_s=interval_s, export_interval_s=export_interval_s,
+                clock_script=clock_script)
     try:
         node = wiring.build_agent(cfg)
     except ValueError as exc:

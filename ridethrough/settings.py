@@ -128,6 +128,8 @@ class AgentConfig:
     sources: tuple[str, ...] = field(default=("netdev", "infiniband"), metadata=_help(
         "Sources to sample, comma-separated in env and flags."))
     interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
+    clock_script: str = field(default="", metadata=_help(
+        "A lab host's clock file (offset, drift, steps); empty reads the system clock."))
     export_interval_s: float = field(default=1.0, metadata=_help(
         "Interval between exports to the gateway, in seconds.", min=0.01))
     export_timeout_s: float = field(default=5.0, metadata=_help(

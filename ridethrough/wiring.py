@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from ridethrough.collector.agent import Agent, AgentIdentity
+from ridethrough.collector.clock import Clock, ScriptedClock
 from ridethrough.collector.sample import Source
 from ridethrough.collector.sources.infiniband import InfinibandSource
 from ridethrough.collector.sources.netdev import NetdevSource
@@ -142,9 +144,10 @@ def build_agent(cfg: AgentConfig) -> Agent:
     host_name = socket.gethostname()
     identity = AgentIdentity(node_id=cfg.node_id or host_name, host_name=host_name, cluster=cfg.cluster,
                              rack=cfg.rack, pod=cfg.pod, labels=dict(cfg.labels))
+    clock: Clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else time.time_ns
     return Agent(identity=identity, sources=build_sources(cfg), gateway=cfg.gateway,
                  export_interval_s=cfg.export_interval_s, export_timeout_s=cfg.export_timeout_s,
-                 buffer_max_batches=cfg.buffer_max_batches)
+                 buffer_max_batches=cfg.buffer_max_batches, clock=clock)
 
 
 class ServerRuntime:

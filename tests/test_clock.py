@@ -1,0 +1,45 @@
+"""Scripted clocks: offset, drift and steps as the lab sets them, read back by the agent's clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ridethrough.collector.clock import ClockScript, ClockSpec, ScriptedClock
+
+T0 = 1_764_480_000_000_000_000
+
+
+def test_offset_drift_and_steps_compose() -> None:
+    spec = ClockSpec(offset_ns=2_000_000, drift_ppm=50.0, epoch_ns=T0, steps=((T0 + 10**9, -500_000),))
+    assert spec.local(T0) == T0 + 2_000_000
+    assert spec.local(T0 + 10**9 - 1) == T0 + 10**9 - 1 + 2_000_000 + 50_000  # 50 ppm of ~1 s, rounded
+    assert spec.local(T0 + 10**9) == T0 + 10**9 + 2_000_000 + 50_000 - 500_000
+
+
+def test_agent_clock_follows_the_lab_script(tmp_path: Path) -> None:
+    now = [T0]
+    script = ClockScript(tmp_path / "clock.json")
+    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: now[0])
+    assert clock() == T0, "no file is a perfect clock"
+    script.set(-3_000_000, -100.0, epoch_ns=T0)
+    assert clock() == T0 - 3_000_000
+    now[0] = T0 + 2 * 10**9
+    script.step(7_000_000, at_ns=T0 + 10**9)
+    assert clock() == T0 + 2 * 10**9 - 3_000_000 - 200_000 + 7_000_000
+
+
+def test_limits_and_malformed_files(tmp_path: Path) -> None:
+    script = ClockScript(tmp_path / "clock.json")
+    with pytest.raises(ValueError, match="within"):
+        script.set(20_000_000, 0.0)
+    with pytest.raises(ValueError, match="within"):
+        script.set(0, 150.0)
+    script.set(1000, 1.0, epoch_ns=T0)
+    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: T0)
+    assert clock() == T0 + 1000
+    (tmp_path / "clock.json").write_text("{not json")
+    assert clock() == T0 + 1000, "a broken file keeps the last good spec"
+    with pytest.raises(ValueError, match="clock script"):
+        script.read()

@@ -75,12 +75,17 @@ class Store:
         self._timeout_s = timeout_s
         self._client: Client | None = None
         # The chDB client is one in-process engine; serialise calls into it.
-        self._lock = threading.RLock()
+        self._lock: threading.RLock = threading.RLock()
 
     @property
     def dsn(self) -> str:
         """The DSN, password redacted."""
         return redact_dsn(self._dsn)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every call into the client takes (share it with other users of `client`)."""
+        return self._lock
 
     @property
     def embedded(self) -> bool:

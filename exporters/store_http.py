@@ -19,12 +19,13 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from email import policy
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from clickhouse_connect.driver.client import Client
@@ -199,11 +200,12 @@ def _content_type(fmt: str) -> str:
 class _Gate:
     """Validates a request and runs it on the owned client, one engine call at a time."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, lock: AbstractContextManager[Any] | None) -> None:
         self._client = client
         # chDB serialises calls per handle itself, and an HTTP client refuses concurrent
         # queries in one session; one lock keeps both safe whichever client we were given.
-        self._lock = threading.Lock()
+        # The owner passes its own lock so its writes and these reads take turns too.
+        self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self.timezone = "UTC"
         self.database = "default"
         self.display_name = "ridethrough"
@@ -387,8 +389,9 @@ class StoreHttpEndpoint:
         max_query_bytes: largest request body accepted; larger ones get HTTP 413.
     """
 
-    def __init__(self, *, client: Client, host: str, port: int, max_query_bytes: int = 1 << 20) -> None:
-        self._gate = _Gate(client)
+    def __init__(self, *, client: Client, host: str, port: int, max_query_bytes: int = 1 << 20,
+                 lock: AbstractContextManager[Any] | None = None) -> None:
+        self._gate = _Gate(client, lock)
         self._host, self._port, self._max_query_bytes = host, port, max_query_bytes
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None

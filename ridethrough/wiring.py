@@ -165,7 +165,8 @@ class ServerRuntime:
         self.addresses.update(self.gateway.start())
         if self._server_cfg.store_http_listen:
             host, port = parse_hostport(self._server_cfg.store_http_listen)
-            self._endpoint = StoreHttpEndpoint(client=self.store.client(), host=host, port=port)
+            self._endpoint = StoreHttpEndpoint(client=self.store.client(), host=host, port=port,
+                                               lock=self.store.lock)
             bound_host, bound_port = self._endpoint.start()
             self.addresses["store_http"] = f"http://{_address(bound_host, bound_port)}"
         if self.gateway.cfg.ready_file:

@@ -49,17 +49,11 @@ def convert_traces(req: ExportTraceServiceRequest, limits: Limits, rows: Rows, r
 
 
 def _spans(spans: Any, head: tuple[Any, ...], limits: Limits, rows: Rows, rej: Rejections) -> None:
-    cols = rows.table(schema.TRACES)
-    order = schema.TRACES.insert_columns
     for span in spans:
         try:
-            values = _span(span, head, limits)
+            rows.append_row(schema.TRACES, _span(span, head, limits))
         except InvalidItem as exc:
             rej.add(f"spans: {exc}")
-            continue
-        for name, value in zip(order, values, strict=True):
-            cols[name].append(value)
-        rows.counts[schema.TRACES.name] += 1
 
 
 def _span(s: Span, head: tuple[Any, ...], limits: Limits) -> tuple[Any, ...]:
@@ -87,8 +81,6 @@ def _span(s: Span, head: tuple[Any, ...], limits: Limits) -> tuple[Any, ...]:
 
 def convert_logs(req: ExportLogsServiceRequest, limits: Limits, rows: Rows, rej: Rejections) -> None:
     """Append every valid log record of ``req`` to ``rows``; count the others in ``rej``."""
-    cols = rows.table(schema.LOGS)
-    order = schema.LOGS.insert_columns
     for rl in req.resource_logs:
         for sl in rl.scope_logs:
             try:
@@ -101,13 +93,9 @@ def convert_logs(req: ExportLogsServiceRequest, limits: Limits, rows: Rows, rej:
                     sl.scope.version, scope_attrs)
             for record in sl.log_records:
                 try:
-                    values = _log(record, head, limits)
+                    rows.append_row(schema.LOGS, _log(record, head, limits))
                 except InvalidItem as exc:
                     rej.add(f"log records: {exc}")
-                    continue
-                for name, value in zip(order, values, strict=True):
-                    cols[name].append(value)
-                rows.counts[schema.LOGS.name] += 1
 
 
 def _log(r: LogRecord, head: tuple[Any, ...], limits: Limits) -> tuple[Any, ...]:

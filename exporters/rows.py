@@ -49,6 +49,13 @@ class Rows:
             self.columns[table.name] = cols
         return cols
 
+    def append_row(self, table: Table, values: Iterable[Any]) -> None:
+        """Append one row, its values in the table's insert-column order."""
+        cols = self.table(table)
+        for name, value in zip(table.insert_columns, values, strict=True):
+            cols[name].append(value)
+        self.counts[table.name] += 1
+
     @property
     def total(self) -> int:
         """Rows across all tables."""

@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 from ridethrough.collector.counters import CounterTracker, parse_counter
 from ridethrough.collector.sample import MetricKind, Sample, Source
 from ridethrough.collector.sources import InfinibandSource, NetdevSource
-from ridethrough.collector.sources import infiniband as infiniband_module
-from ridethrough.collector.sources import netdev as netdev_module
+from ridethrough.collector.sources import _sysfs as sysfs_module
 from ridethrough.collector.sources.infiniband import parse_numbered_state, parse_rate
 from ridethrough.collector.sources.netdev import parse_carrier, parse_speed
 
@@ -335,9 +334,9 @@ def test_netdev_unreadable_file_is_counted_not_raised(tmp_path: Path) -> None:
     assert source.errors_total == 1
 
 
-def _fail_reads(monkeypatch: pytest.MonkeyPatch, module: ModuleType, failures: Mapping[str, int]) -> None:
+def _fail_reads(monkeypatch: pytest.MonkeyPatch, failures: Mapping[str, int]) -> None:
     """Make reads of files named in ``failures`` raise OSError with that errno, as the kernel does."""
-    real = module.read_sysfs_text
+    real = sysfs_module.read_sysfs_text
 
     def read(path: Path) -> str:
         if path.name in failures:
@@ -346,11 +345,11 @@ def _fail_reads(monkeypatch: pytest.MonkeyPatch, module: ModuleType, failures: M
         text: str = real(path)
         return text
 
-    monkeypatch.setattr(module, "read_sysfs_text", read)
+    monkeypatch.setattr(sysfs_module, "read_sysfs_text", read)
 
 
 def test_netdev_einval_on_carrier_and_speed_means_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fail_reads(monkeypatch, netdev_module, {"carrier": errno.EINVAL, "speed": errno.EINVAL})
+    _fail_reads(monkeypatch, {"carrier": errno.EINVAL, "speed": errno.EINVAL})
     source = NetdevSource(sysfs_root=FIXTURES / "roce_host")
     samples = source.collect(NOW_NS)
     assert value(samples, "ridethrough.nic.up", iface("ens1f0np0")) == 0
@@ -359,7 +358,7 @@ def test_netdev_einval_on_carrier_and_speed_means_unknown(monkeypatch: pytest.Mo
 
 
 def test_netdev_other_read_errors_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fail_reads(monkeypatch, netdev_module, {"rx_bytes": errno.EINVAL, "mtu": errno.EACCES})
+    _fail_reads(monkeypatch, {"rx_bytes": errno.EINVAL, "mtu": errno.EACCES})
     source = NetdevSource(sysfs_root=FIXTURES / "roce_host")
     samples = source.collect(NOW_NS)
     assert not any(s.name == "ridethrough.nic.mtu" for s in samples)
@@ -523,7 +522,7 @@ def test_infiniband_port_vanishing_between_collects(tmp_path: Path) -> None:
 def test_infiniband_einval_on_rate_means_unknown_but_on_a_counter_is_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _fail_reads(monkeypatch, infiniband_module, {"rate": errno.EINVAL, "symbol_error": errno.EINVAL})
+    _fail_reads(monkeypatch, {"rate": errno.EINVAL, "symbol_error": errno.EINVAL})
     source = InfinibandSource(sysfs_root=FIXTURES / "ib_host")
     names = {s.name for s in source.collect(NOW_NS)}
     assert "ridethrough.ib.port.rate" not in names

@@ -35,16 +35,16 @@ and counted in `InfinibandSource.errors_total`.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from ..counters import CounterTracker, parse_counter
-from ..sample import MetricKind, Sample
+from ..counters import parse_counter
+from ..sample import Sample
+from ._sysfs import SysfsSource, gauge
 
 _log = logging.getLogger(__name__)
 
@@ -101,15 +101,6 @@ _NUMBERED_STATE = re.compile(r"([0-9]+):\s*\S.*")
 _RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?) Gb/sec(?: \(.*\))?")
 
 
-def read_sysfs_text(path: Path) -> str:
-    """Read one sysfs attribute whole (the seam between this module and the kernel).
-
-    Raises:
-        OSError: as the kernel reports it (``ENOENT``, ``EINVAL``, ``EACCES``, ...).
-    """
-    return path.read_bytes().decode("ascii", errors="replace")
-
-
 # Sample input, ports/1/state: "4: ACTIVE\n" (1: DOWN, 2: INIT, 3: ARMED,
 # 5: ACTIVE_DEFER); ports/1/phys_state: "5: LinkUp\n" (2: Polling, 3: Disabled).
 def parse_numbered_state(text: str) -> int:
@@ -151,7 +142,7 @@ def parse_link_layer(text: str) -> str:
     return stripped
 
 
-class InfinibandSource:
+class InfinibandSource(SysfsSource):
     """InfiniBand/RoCE port counters (data, packets, errors, congestion) and state.
 
     Metrics (see `ridethrough.catalogue`): ``ridethrough.ib.port.io``,
@@ -164,6 +155,9 @@ class InfinibandSource:
     `CounterTracker`. A host without ``class/infiniband`` yields nothing and
     counts no error.
     """
+
+    source_name = "infiniband"
+    einval_means_unknown = _EINVAL_MEANS_UNKNOWN
 
     def __init__(
         self,
@@ -184,44 +178,14 @@ class InfinibandSource:
         Raises:
             ValueError: ``interval_s`` is not positive.
         """
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        super().__init__(interval_s=interval_s, max_idle_collections=max_idle_collections)
         self._ib = Path(sysfs_root) / "class" / "infiniband"
-        self._interval_s = float(interval_s)
-        self._tracker = CounterTracker(max_idle_collections=max_idle_collections)
-        self._errors_total = 0
 
-    @property
-    def name(self) -> str:
-        """``infiniband``."""
-        return "infiniband"
-
-    @property
-    def interval_s(self) -> float:
-        """How often the agent calls `collect`."""
-        return self._interval_s
-
-    @property
-    def errors_total(self) -> int:
-        """Values skipped because they could not be read or parsed, since construction."""
-        return self._errors_total
-
-    @property
-    def resets_total(self) -> int:
-        """Counter resets (a raw value going down) seen since construction."""
-        return self._tracker.resets_total
-
-    def collect(self, now_ns: int) -> list[Sample]:
-        """Read every port of every device once; unreadable values are skipped and counted."""
-        samples: list[Sample] = []
-        try:
-            for device in self._list(self._ib, missing_is_error=False):
-                ports_dir = self._ib / device / "ports"
-                for port in self._list(ports_dir, missing_is_error=(self._ib / device).is_dir()):
-                    samples.extend(self._collect_port(device, port))
-        finally:
-            self._tracker.end_collection()
-        return samples
+    def _read_all(self) -> Iterator[Sample]:
+        for device in self._list(self._ib, missing_is_error=False):
+            ports_dir = self._ib / device / "ports"
+            for port in self._list(ports_dir, missing_is_error=(self._ib / device).is_dir()):
+                yield from self._collect_port(device, port)
 
     def _list(self, directory: Path, *, missing_is_error: bool) -> list[str]:
         try:
@@ -246,13 +210,13 @@ class InfinibandSource:
         if state is not None:
             link_layer = self._value(base / "link_layer", parse_link_layer) or "unknown"
             attrs = {**attributes, "ib.link_layer": link_layer}
-            yield _gauge("ridethrough.ib.port.state", "1", attrs, state)
+            yield gauge("ridethrough.ib.port.state", "1", attrs, state)
         phys_state = self._value(base / "phys_state", parse_numbered_state)
         if phys_state is not None:
-            yield _gauge("ridethrough.ib.port.phys_state", "1", attributes, phys_state)
+            yield gauge("ridethrough.ib.port.phys_state", "1", attributes, phys_state)
         rate = self._value(base / "rate", parse_rate)
         if rate is not None:
-            yield _gauge("ridethrough.ib.port.rate", "Gbit/s", attributes, rate)
+            yield gauge("ridethrough.ib.port.rate", "Gbit/s", attributes, rate)
 
     def _counters(self, directory: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
         # A port without counters/ is normal: the driver has no PMA (no process_mad).
@@ -286,30 +250,3 @@ class InfinibandSource:
         except OSError as exc:
             self._error(directory, exc)
             return []
-
-    def _counter(self, metric: str, unit: str, attributes: Mapping[str, str], raw: int) -> Sample:
-        total = self._tracker.observe(metric, attributes, raw)
-        return Sample(metric, float(total), MetricKind.COUNTER, unit, dict(attributes))
-
-    def _value(self, path: Path, parse: Callable[[str], _T]) -> _T | None:
-        try:
-            text = read_sysfs_text(path)
-        except OSError as exc:
-            unknown = exc.errno == errno.EINVAL and path.name in _EINVAL_MEANS_UNKNOWN
-            if exc.errno != errno.ENOENT and not unknown:
-                self._error(path, exc)
-            return None
-        try:
-            return parse(text)
-        except ValueError as exc:
-            self._error(path, exc)
-            return None
-
-    def _error(self, path: Path, exc: Exception) -> None:
-        self._errors_total += 1
-        # Debug, not warning: a broken file would otherwise log every interval.
-        _log.debug("infiniband: skipping %s: %s", path, exc)
-
-
-def _gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -> Sample:
-    return Sample(metric, float(value), MetricKind.GAUGE, unit, dict(attributes))

@@ -22,16 +22,16 @@ file; the agent above still catches whatever escapes):
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ..counters import CounterTracker, parse_counter
-from ..sample import MetricKind, Sample
+from ..counters import parse_counter
+from ..sample import Sample
+from ._sysfs import SysfsSource, gauge
 
 _log = logging.getLogger(__name__)
 
@@ -57,15 +57,6 @@ _MAPPED_STATISTICS: Mapping[str, tuple[str, str, str]] = {
 # Attributes whose read fails with EINVAL while the answer is unknown
 # (admin-down link, driver without link settings): see the module docstring.
 _EINVAL_MEANS_UNKNOWN = frozenset({"carrier", "speed"})
-
-
-def read_sysfs_text(path: Path) -> str:
-    """Read one sysfs attribute whole (the seam between this module and the kernel).
-
-    Raises:
-        OSError: as the kernel reports it (``ENOENT``, ``EINVAL``, ``EACCES``, ...).
-    """
-    return path.read_bytes().decode("ascii", errors="replace")
 
 
 # Sample input, /sys/class/net/eth0/speed on a 100 GbE port: "100000\n".
@@ -109,7 +100,7 @@ def parse_operstate(text: str) -> str:
     return stripped
 
 
-class NetdevSource:
+class NetdevSource(SysfsSource):
     """Network interface counters (bytes, packets, errors, drops) and link state.
 
     Metrics (see `ridethrough.catalogue`): ``system.network.io``,
@@ -121,6 +112,9 @@ class NetdevSource:
     Counter samples are totals since the agent started, made monotonic by a
     `CounterTracker`, so a NIC reset never shows up as a negative rate.
     """
+
+    source_name = "netdev"
+    einval_means_unknown = _EINVAL_MEANS_UNKNOWN
 
     def __init__(
         self,
@@ -146,44 +140,14 @@ class NetdevSource:
         Raises:
             ValueError: ``interval_s`` is not positive.
         """
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        super().__init__(interval_s=interval_s, max_idle_collections=max_idle_collections)
         self._net = Path(sysfs_root) / "class" / "net"
-        self._interval_s = float(interval_s)
         self._include = tuple(include) if include is not None else None
         self._exclude = tuple(exclude)
-        self._tracker = CounterTracker(max_idle_collections=max_idle_collections)
-        self._errors_total = 0
 
-    @property
-    def name(self) -> str:
-        """``netdev``."""
-        return "netdev"
-
-    @property
-    def interval_s(self) -> float:
-        """How often the agent calls `collect`."""
-        return self._interval_s
-
-    @property
-    def errors_total(self) -> int:
-        """Values skipped because they could not be read or parsed, since construction."""
-        return self._errors_total
-
-    @property
-    def resets_total(self) -> int:
-        """Counter resets (a raw value going down) seen since construction."""
-        return self._tracker.resets_total
-
-    def collect(self, now_ns: int) -> list[Sample]:
-        """Read every selected interface once; unreadable values are skipped and counted."""
-        samples: list[Sample] = []
-        try:
-            for interface in self._interfaces():
-                samples.extend(self._collect_interface(interface))
-        finally:
-            self._tracker.end_collection()
-        return samples
+    def _read_all(self) -> Iterator[Sample]:
+        for interface in self._interfaces():
+            yield from self._collect_interface(interface)
 
     def _selected(self, interface: str) -> bool:
         if self._include is not None and not any(
@@ -240,37 +204,10 @@ class NetdevSource:
             # Both must agree: operstate alone stays "up" on some drivers for a
             # moment after the cable is pulled, carrier alone ignores admin state.
             up = 1 if operstate == "up" and carrier == 1 else 0
-            yield _gauge("ridethrough.nic.up", "1", attributes, up)
+            yield gauge("ridethrough.nic.up", "1", attributes, up)
         mtu = self._value(base / "mtu", parse_counter)
         if mtu is not None:
-            yield _gauge("ridethrough.nic.mtu", "By", attributes, mtu)
+            yield gauge("ridethrough.nic.mtu", "By", attributes, mtu)
         speed = self._value(base / "speed", parse_speed)
         if speed is not None:
-            yield _gauge("ridethrough.nic.speed", "Mbit/s", attributes, speed)
-
-    def _counter(self, metric: str, unit: str, attributes: Mapping[str, str], raw: int) -> Sample:
-        total = self._tracker.observe(metric, attributes, raw)
-        return Sample(metric, float(total), MetricKind.COUNTER, unit, dict(attributes))
-
-    def _value(self, path: Path, parse: Callable[[str], _T]) -> _T | None:
-        try:
-            text = read_sysfs_text(path)
-        except OSError as exc:
-            unknown = exc.errno == errno.EINVAL and path.name in _EINVAL_MEANS_UNKNOWN
-            if exc.errno != errno.ENOENT and not unknown:
-                self._error(path, exc)
-            return None
-        try:
-            return parse(text)
-        except ValueError as exc:
-            self._error(path, exc)
-            return None
-
-    def _error(self, path: Path, exc: Exception) -> None:
-        self._errors_total += 1
-        # Debug, not warning: a broken file would otherwise log every interval.
-        _log.debug("netdev: skipping %s: %s", path, exc)
-
-
-def _gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -> Sample:
-    return Sample(metric, float(value), MetricKind.GAUGE, unit, dict(attributes))
+            yield gauge("ridethrough.nic.speed", "Mbit/s", attributes, speed)

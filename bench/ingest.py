@@ -24,6 +24,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -147,22 +148,55 @@ def send_order(plan: Plan) -> Iterator[tuple[int, int]]:
 # -- gateway side: the process, its CPU time and its metrics -------------------------------
 
 
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of every thread of ``pid`` so far."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+def stat_cpu_s(stat_path: Path) -> float:
+    """User + system CPU seconds from a /proc ``stat`` file (a process's counts all its threads)."""
+    stat = stat_path.read_text()
     fields = stat[stat.rindex(")") + 2:].split()  # fields from 3 (state) on; comm may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of every thread of ``pid`` so far."""
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU seconds every process on this machine has used since boot (all of /proc/stat's busy time)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``pid``'s live threads, summed by thread name (Python's are all 'python')."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            out[name] = out.get(name, 0.0) + stat_cpu_s(task / "stat")
+        except OSError:  # the thread ended between listing and reading
+            continue
+    return out
+
+
+def cpu_by_thread(before: dict[str, float], after: dict[str, float], total_s: float) -> dict[str, float]:
+    """Where the window's CPU went, by thread name; 'ended threads' is what live threads do not explain."""
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    shown = {name: round(v, 2) for name, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+    shown["ended threads"] = round(max(0.0, total_s - sum(delta.values())), 2)
+    return shown
+
+
 def scrape(url: str) -> dict[str, float]:
     """Unlabelled samples and per-label sums of a Prometheus text page, by metric name."""
-    out: Counter[str] = Counter()
+    out: dict[str, float] = {}
     with urllib.request.urlopen(url, timeout=10) as resp:
         for line in resp.read().decode().splitlines():
             if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name.split("{", 1)[0]] += float(value)
-    return dict(out)
+                sample, _, value = line.rpartition(" ")
+                name = sample.split("{", 1)[0]
+                out[name] = out.get(name, 0.0) + float(value)
+    return out
 
 
 class GatewayProcess:
@@ -332,16 +366,27 @@ class Clients:
             p.join(10)
 
     def collect(self, kind: str, timeout_s: float) -> list[Any]:
-        """One ``kind`` message from every client; raises on a client's error or the deadline."""
+        """One ``kind`` message from every client; raises on a client's error, death or the deadline."""
         deadline = time.monotonic() + timeout_s
         got: list[Any] = []
         while len(got) < self._plan.clients:
-            tag, payload = self._out.get(timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                tag, payload = self._out.get(timeout=0.5)
+            except queue.Empty:
+                self._check(kind, deadline)
+                continue
             if tag == "error":
                 raise RuntimeError(payload)
             if tag == kind:
                 got.append(payload)
         return got
+
+    def _check(self, kind: str, deadline: float) -> None:
+        dead = [p.name for p in self._procs if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"client process(es) {dead} died before reporting {kind!r}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for every client to report {kind!r}")
 
 
 # -- gateway phase -------------------------------------------------------------------------
@@ -363,6 +408,8 @@ class GatewayRun:
     batches: float
     insert_s: float
     exit_code: int | None
+    cpu_s_by_thread: dict[str, float] = field(default_factory=dict)
+    other_cpu_s: float = 0.0
 
 
 def run_gateway_phase(ctx: SpawnContext, plan: Plan, workdir: Path) -> GatewayRun:
@@ -371,14 +418,19 @@ def run_gateway_phase(ctx: SpawnContext, plan: Plan, workdir: Path) -> GatewayRu
         log(f"gateway pid {gw.pid} on {gw.addresses['otlp']}; starting {plan.clients} clients")
         with Clients(ctx, plan, gw.addresses["otlp"]) as clients:
             clients.collect("ready", STARTUP_TIMEOUT_S)
-            before, cpu0, t0 = gw.metrics(), proc_cpu_s(gw.pid), time.perf_counter()
+            before, threads0 = gw.metrics(), thread_cpu_s(gw.pid)
+            busy0, cpu0, t0 = machine_busy_cpu_s(), proc_cpu_s(gw.pid), time.perf_counter()
             clients.go.set()
             results: list[ClientResult] = clients.collect("done", RPC_TIMEOUT_S + plan.requests)
-            wall_s, cpu_s, after = time.perf_counter() - t0, proc_cpu_s(gw.pid) - cpu0, gw.metrics()
+            wall_s, cpu_s = time.perf_counter() - t0, proc_cpu_s(gw.pid) - cpu0
+            busy_s = machine_busy_cpu_s() - busy0
+            threads, after = cpu_by_thread(threads0, thread_cpu_s(gw.pid), cpu_s), gw.metrics()
         exit_code = gw.stop()
         if exit_code != 0:
             log(f"gateway exited with {exit_code}:\n{gw.log_tail()}")
     run = summarise(results, wall_s=wall_s, cpu_s=cpu_s, before=before, after=after, exit_code=exit_code)
+    run.cpu_s_by_thread = threads
+    run.other_cpu_s = max(0.0, busy_s - cpu_s - run.client_cpu_s)
     run.stored_rows = in_fresh_process(ctx, count_rows, gw.store_dsn)
     return run
 
@@ -502,35 +554,66 @@ def ceiling_main(plan: Plan, store_path: str) -> CeilingRun:
 # -- the report ----------------------------------------------------------------------------
 
 
-def report(plan: Plan, gw: GatewayRun, ceilings: list[CeilingRun]) -> dict[str, Any]:
-    """The JSON object printed last."""
+def is_valid(plan: Plan, gw: GatewayRun, ceilings: list[CeilingRun]) -> bool:
+    """Every request OK, nothing rejected, and every acknowledged point (and no other) in the stores."""
+    return (not gw.errors and gw.rejected_points == 0 and gw.ok_requests == plan.requests
+            and gw.acked_points == plan.datapoints and gw.stored_rows == gw.acked_points + gw.warmup_points
+            and all(c.stored_rows == c.rows for c in ceilings))
+
+
+def headline(gw: GatewayRun, ceilings: list[CeilingRun]) -> dict[str, Any]:
+    """The figures the benchmark exists for, and whether they meet their targets."""
     rate = gw.acked_points / gw.wall_s
     ceiling = statistics.mean(c.datapoints_per_s for c in ceilings)
     per_core = gw.acked_points / gw.cpu_s if gw.cpu_s else math.inf
-    ratio = rate / ceiling
-    valid = (not gw.errors and gw.rejected_points == 0 and gw.ok_requests == plan.requests
-             and gw.acked_points == plan.datapoints and gw.stored_rows == gw.acked_points + gw.warmup_points
-             and all(c.stored_rows == c.rows for c in ceilings))
     ceiling_cpu = sum(c.cpu_s for c in ceilings) / sum(c.rows for c in ceilings)
     return {
         "bench": "ingest", "datapoints_per_s": round(rate), "per_core": round(per_core),
-        "ceiling_ratio": round(ratio, 3), "gateway_cpu_s_per_million": round(gw.cpu_s / gw.acked_points * 1e6, 2),
+        "ceiling_ratio": round(rate / ceiling, 3),
+        "gateway_cpu_s_per_million": round(gw.cpu_s / gw.acked_points * 1e6, 2),
         "ceiling_datapoints_per_s": round(ceiling),
         "ceiling_runs_datapoints_per_s": [round(c.datapoints_per_s) for c in ceilings],
-        "ceiling_cpu_s_per_million": round(ceiling_cpu * 1e6, 2), "phase_order": list(PHASES),
+        "ceiling_cpu_s_per_million": round(ceiling_cpu * 1e6, 2),
+        "targets": {"per_core": {"target": TARGET_PER_CORE, "pass": per_core >= TARGET_PER_CORE},
+                    "ceiling_ratio": {"target": TARGET_CEILING_RATIO, "pass": rate / ceiling >= TARGET_CEILING_RATIO}},
+    }
+
+
+def details(plan: Plan, gw: GatewayRun) -> dict[str, Any]:
+    """What was sent and stored, how the gateway spent its time, and the settings it ran under."""
+    return {
         "requests": gw.ok_requests, "datapoints": gw.acked_points, "stored_rows": gw.stored_rows - gw.warmup_points,
         "warmup_rows": gw.warmup_points, "rejected_points": gw.rejected_points, "errors": gw.errors,
-        "valid": valid, "wall_s": round(gw.wall_s, 3), "gateway_cpu_s": round(gw.cpu_s, 3),
-        "gateway_exit_code": gw.exit_code, "client_cpu_s": round(gw.client_cpu_s, 3),
-        "gateway_batches": int(gw.batches),
-        "gateway_mean_batch_rows": round(gw.acked_points / gw.batches) if gw.batches else None,
-        "gateway_insert_s": round(gw.insert_s, 3), "clients": plan.clients, "inflight_per_client": plan.inflight,
-        "points_per_request": plan.points_per_request, "distinct_requests": plan.pool * plan.clients,
-        "ceiling_batch_rows": plan.batch_requests * plan.points_per_request, "gateway_settings": plan.gateway_env(),
-        "cpu_count": os.cpu_count(), "quick": plan.quick,
-        "targets": {"per_core": {"target": TARGET_PER_CORE, "pass": per_core >= TARGET_PER_CORE},
-                    "ceiling_ratio": {"target": TARGET_CEILING_RATIO, "pass": ratio >= TARGET_CEILING_RATIO}},
+        "wall_s": round(gw.wall_s, 3), "gateway_cpu_s": round(gw.cpu_s, 3), "gateway_exit_code": gw.exit_code,
+        "gateway_cpu_s_by_thread": gw.cpu_s_by_thread, "client_cpu_s": round(gw.client_cpu_s, 3),
+        "other_processes_cpu_s": round(gw.other_cpu_s, 2),
+        "gateway_batches": int(gw.batches), "gateway_mean_batch_rows": mean_batch_rows(gw),
+        "gateway_insert_s": round(gw.insert_s, 3), "ceiling_batch_rows": plan.batch_requests * plan.points_per_request,
+        "gateway_settings": plan.gateway_env(), "phase_order": list(PHASES), "clients": plan.clients,
+        "inflight_per_client": plan.inflight, "points_per_request": plan.points_per_request,
+        "distinct_requests": plan.pool * plan.clients, "cpu_count": os.cpu_count(), "quick": plan.quick,
     }
+
+
+def mean_batch_rows(gw: GatewayRun) -> int | None:
+    """Rows per batch the gateway actually inserted in the timed window."""
+    return round(gw.acked_points / gw.batches) if gw.batches else None
+
+
+def report(plan: Plan, gw: GatewayRun, ceilings: list[CeilingRun]) -> dict[str, Any]:
+    """The JSON object printed last; no target passes on an invalid run."""
+    out = {**headline(gw, ceilings), "valid": is_valid(plan, gw, ceilings), **details(plan, gw)}
+    for target in out["targets"].values():
+        target["pass"] = target["pass"] and out["valid"]
+    return out
+
+
+def check_batching(plan: Plan, gw: GatewayRun) -> None:
+    """Warn when the gateway's real batches are far from the ceiling's, which makes the ratio unfair."""
+    actual, ceiling = mean_batch_rows(gw), plan.batch_requests * plan.points_per_request
+    if actual is not None and abs(actual - ceiling) > 0.25 * ceiling:
+        log(f"WARNING: gateway batches averaged {actual:,} rows but the ceiling inserts {ceiling:,}; "
+            "adjust --batch-max-rows or --inflight so they match")
 
 
 def run(plan: Plan) -> dict[str, Any]:
@@ -548,6 +631,7 @@ def run(plan: Plan) -> dict[str, Any]:
                 log(f"ceiling: {ceilings[-1].datapoints_per_s:,.0f} points/s ({ceilings[-1].batches} batches)")
             else:
                 gateway = run_gateway_phase(ctx, plan, workdir)
+                check_batching(plan, gateway)
                 log(f"gateway: {gateway.acked_points / gateway.wall_s:,.0f} points/s, "
                     f"{gateway.cpu_s:.2f} CPU s, stored {gateway.stored_rows:,} rows")
             log(f"phase {phase} took {time.perf_counter() - started:.1f} s")
@@ -558,6 +642,8 @@ def run(plan: Plan) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit 1 when the run is invalid (an error, a rejection, a missing row)."""
     plan = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the gateway, the clients and the temporary files go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     log(f"plan: {asdict(plan)}")
     result = run(plan)
     log("targets: " + ", ".join(f"{k} {'PASS' if v['pass'] else 'MISS'}" for k, v in result["targets"].items()))

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ridethrough.lab.control import Direction, GpuFault, LabControl, LabError
+from ridethrough.lab.fake_ib import HW_COUNTERS, IB_COUNTERS
 
 ParamValue = float | int | str | None
 
@@ -473,14 +474,7 @@ GPU_PARAMS: Mapping[GpuFault, tuple[Param, ...]] = {
     GpuFault.FALLEN_OFF_BUS: (),
 }
 """Parameters each GPU fault takes besides ``fault`` and ``gpu``."""
-IB_ERROR_COUNTERS = (
-    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
-    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
-    "VL15_dropped", "port_xmit_wait", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "np_cnp_sent",
-    "rp_cnp_handled", "np_ecn_marked_roce_packets", "rnr_nak_retry_err", "duplicate_request",
-    "implied_nak_seq_err",
-)
+IB_ERROR_COUNTERS = (*IB_COUNTERS, *HW_COUNTERS)
 """IB counters (``counters/`` and ``hw_counters/``) a NIC ramp can drive."""
 _LINK, _HOST = Target.LINK, Target.HOST
 _LINK_FAULTS = frozenset({"link-down", "flap", "degrade", "mtu", "congest"})

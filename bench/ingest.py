@@ -110,7 +110,9 @@ def parse_args(argv: list[str] | None = None) -> Plan:
     ap.add_argument("--points-per-request", type=int, default=1000)
     ap.add_argument("--requests", type=int, help="Timed requests in all (default 400, --quick; 2000).")
     ap.add_argument("--clients", type=int, default=2, help="Client processes.")
-    ap.add_argument("--inflight", type=int, default=16, help="Calls each client keeps in flight.")
+    ap.add_argument("--inflight", type=int, default=50, help=(
+        "Calls each client keeps in flight (a fleet gateway serves thousands of agents at once; 2 x 50 "
+        "in flight fills the default 50,000-row batch)."))
     ap.add_argument("--pool", type=int, default=32, help="Distinct pre-serialised requests per client.")
     ap.add_argument("--batch-max-rows", type=int,
                     help="Gateway batch size (default: half the points in flight, so one batch fills while "
@@ -217,7 +219,11 @@ class GatewayProcess:
                 "--metrics-listen", "127.0.0.1:0", "--ready-file", str(self._ready)]
         with open(self._log_path, "wb") as log_file:
             self._popen = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=self._env, cwd=ROOT)
-        self.addresses = poll(self._read_ready, timeout_s=STARTUP_TIMEOUT_S, what="the gateway's ready file")
+        try:
+            self.addresses = poll(self._read_ready, timeout_s=STARTUP_TIMEOUT_S, what="the gateway's ready file")
+        except BaseException:  # __exit__ does not run when __enter__ fails
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

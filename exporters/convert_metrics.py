@@ -85,8 +85,7 @@ def _append(rows: Rows, table: schema.Table, shared: tuple[Any, ...], per_point:
     n = len(per_point)
     for name, value in zip(_SHARED, shared, strict=True):
         cols[name].extend([value] * n)
-    point_cols = [c for c in table.insert_columns if c not in _SHARED]
-    for name, values in zip(point_cols, zip(*per_point, strict=True), strict=True):
+    for name, values in zip(_POINT_COLUMNS[table.name], zip(*per_point, strict=True), strict=True):
         cols[name].extend(values)
     rows.counts[table.name] += n
 
@@ -97,9 +96,15 @@ def _times(p: _Point) -> tuple[int, int]:
     return p.start_time_unix_nano, p.time_unix_nano
 
 
-def _exemplars(exemplars: Any, limits: Limits) -> tuple[list[Any], ...]:
+# Nearly every point has no exemplars. One shared tuple of empty tuples (not five new
+# lists per point) keeps the rows of a batch out of the garbage collector's sight: with
+# lists, full collections cost about a third of the gateway's CPU.
+_NO_EXEMPLARS: tuple[tuple[()], ...] = ((), (), (), (), ())
+
+
+def _exemplars(exemplars: Any, limits: Limits) -> tuple[Any, ...]:
     if not exemplars:
-        return [], [], [], [], []
+        return _NO_EXEMPLARS
     e: list[Exemplar] = list(exemplars)
     return (
         [attributes(x.filtered_attributes, len(x.filtered_attributes), limits) for x in e],
@@ -148,6 +153,8 @@ def _summary(p: _Point, limits: Limits) -> tuple[Any, ...]:
     return (attributes(p.attributes, len(p.attributes), limits), start, t, p.count, finite(p.sum, "sum"),
             quantiles, values, p.flags)
 
+
+_POINT_COLUMNS = {t.name: tuple(c for c in t.insert_columns if c not in _SHARED) for t in schema.TABLES[:5]}
 
 # metric kind → (table, point converter, trailing per-metric columns read from the data message)
 _KINDS: dict[str, tuple[schema.Table, _PointFn, tuple[str, ...]]] = {

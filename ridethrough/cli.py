@@ -78,6 +78,7 @@ def gateway(
                 metrics_listen=metrics_listen, ready_file=ready_file)
     runtime = wiring.GatewayRuntime(cfg=cfg, store=wiring.open_store(cfg))
     addresses = runtime.start()
+    wiring.tune_gc_for_ingest()
     if cfg.ready_file:
         wiring.write_ready_file(cfg.ready_file, addresses)
     typer.echo(f"gateway: OTLP on {addresses['otlp']}", err=True)
@@ -115,6 +116,7 @@ def server(
                  metrics_listen=metrics_listen, ready_file=ready_file)
     scfg = _load("server", config, store_http_listen=store_http_listen)
     with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg) as runtime:
+        wiring.tune_gc_for_ingest()
         typer.echo(f"server: {runtime.addresses}", err=True)
         _wait_for_signal(duration)
 

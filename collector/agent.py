@@ -34,6 +34,12 @@ from ridethrough.collector.sample import MetricKind, Sample, Source
 log = logging.getLogger(__name__)
 
 SCOPE = "ridethrough.collector"
+SELF_METRICS: tuple[tuple[str, MetricKind, str], ...] = (
+    ("ridethrough.agent.source.errors", MetricKind.COUNTER, "{error}"),
+    ("ridethrough.agent.export.dropped", MetricKind.COUNTER, "{point}"),
+    ("ridethrough.agent.export.buffered", MetricKind.GAUGE, "{batch}"),
+)
+"""What the agent reports about itself: (name, kind, unit), as catalogued."""
 Clock = Callable[[], int]
 
 
@@ -159,15 +165,20 @@ class Agent:
         return self._meter.create_observable_gauge(name, [callback], unit=sample.unit if sample else "")
 
     def _register_self_metrics(self) -> None:
-        def errors(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(n, {"source": s}) for s, n in self.source_errors.items()]
-        def dropped(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(self.exporter.dropped_points)]
-        def buffered(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(self.exporter.buffered_batches)]
-        self._meter.create_observable_counter("ridethrough.agent.source.errors", [errors], unit="{error}")
-        self._meter.create_observable_counter("ridethrough.agent.export.dropped", [dropped], unit="{point}")
-        self._meter.create_observable_gauge("ridethrough.agent.export.buffered", [buffered], unit="{batch}")
+        readings: dict[str, Callable[[], list[Observation]]] = {
+            "ridethrough.agent.source.errors":
+                lambda: [Observation(n, {"source": s}) for s, n in self.source_errors.items()],
+            "ridethrough.agent.export.dropped": lambda: [Observation(self.exporter.dropped_points)],
+            "ridethrough.agent.export.buffered": lambda: [Observation(self.exporter.buffered_batches)],
+        }
+        for name, kind, unit in SELF_METRICS:
+            read = readings[name]
+            def callback(_: CallbackOptions, read: Callable[[], list[Observation]] = read) -> list[Observation]:
+                return read()
+            if kind is MetricKind.COUNTER:
+                self._meter.create_observable_counter(name, [callback], unit=unit)
+            else:
+                self._meter.create_observable_gauge(name, [callback], unit=unit)
 
     def _run(self) -> None:
         intervals = {s.name: max(0.01, s.interval_s) for s in self._sources}

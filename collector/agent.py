@@ -8,6 +8,7 @@ records. A source that raises is logged, counted and skipped for that tick.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from ridethrough.collector.export import BufferingMetricExporter
-from ridethrough.collector.sample import MetricKind, Sample, Source
+from ridethrough.collector.sample import BackgroundSource, Event, MetricKind, Sample, Source
 
 log = logging.getLogger(__name__)
 
@@ -124,24 +125,46 @@ class Agent:
         self._thread = threading.Thread(target=self._run, name="rt-agent-collect", daemon=True)
 
     def start(self) -> None:
-        """Start collecting; returns at once."""
+        """Start collecting (and every background source's watcher); returns at once."""
         self.event("agent.started", f"agent started with sources {[s.name for s in self._sources]}")
+        for source in self._sources:
+            if isinstance(source, BackgroundSource):
+                self._guard(source.name, functools.partial(source.start, emit=self.emit))
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop collecting, export what is left, shut the SDK down."""
         self._stop.set()
         self._thread.join(timeout_s)
+        for source in self._sources:
+            if isinstance(source, BackgroundSource):
+                self._guard(source.name, functools.partial(source.stop, timeout_s=timeout_s))
         self.event("agent.stopped", "agent stopped")
         self._meters.shutdown(timeout_millis=timeout_s * 1000)
         self._logs.shutdown()
 
     def event(self, name: str, body: str, *, severity: SeverityNumber = SeverityNumber.INFO,
               attributes: Mapping[str, str] | None = None) -> None:
-        """Emit one event as an OTel log record."""
-        self._events.emit(timestamp=self._clock(), observed_timestamp=time.time_ns(), body=body,
-                          severity_number=severity, severity_text=severity.name, event_name=name,
-                          attributes={"event.name": name, **(attributes or {})})
+        """Emit one of the agent's own events as an OTel log record."""
+        self.emit(Event(name, body, self._clock(), severity.name, dict(attributes or {})))
+
+    def emit(self, event: Event) -> None:
+        """A background source's event → an OTel log record (never raises)."""
+        try:
+            severity = SeverityNumber[event.severity] if event.severity in SeverityNumber.__members__ \
+                else SeverityNumber.INFO
+            self._events.emit(timestamp=event.time_ns, observed_timestamp=time.time_ns(), body=event.body,
+                              severity_number=severity, severity_text=severity.name, event_name=event.name,
+                              attributes={"event.name": event.name, **event.attributes})
+        except Exception:  # an event that cannot be exported must not kill the watcher thread
+            log.exception("dropping event %s", event.name)
+
+    def _guard(self, source: str, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception as exc:  # a watcher that fails to start or stop is counted, not fatal
+            self.source_errors[source] = self.source_errors.get(source, 0) + 1
+            log.warning("source %s: background start/stop failed: %s", source, exc)
 
     def _collect_source(self, source: Source, now_ns: int) -> None:
         try:

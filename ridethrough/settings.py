@@ -130,6 +130,15 @@ class AgentConfig:
     interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
     clock_script: str = field(default="", metadata=_help(
         "A lab host's clock file (offset, drift, steps); empty reads the system clock."))
+    gpu_script: str = field(default="", metadata=_help(
+        "A lab host's fake-GPU script (gpus.json); empty reads real GPUs through NVML."))
+    job_socket: str = field(default="/run/ridethrough/job.sock", metadata=_help(
+        "Unix socket where training processes report step events (source `job`)."))
+    prometheus_listen: str = field(default="", metadata=_help(
+        "Also serve the agent's metrics at /metrics on HOST:PORT; empty turns it off.", check=check_listen))
+    max_series: int = field(default=100_000, metadata=_help(
+        "Most distinct attribute combinations the agent keeps; new ones beyond are dropped and counted.",
+        min=1))
     export_interval_s: float = field(default=1.0, metadata=_help(
         "Interval between exports to the gateway, in seconds.", min=0.01))
     export_timeout_s: float = field(default=5.0, metadata=_help(

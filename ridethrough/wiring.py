@@ -13,7 +13,6 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,7 @@ from prometheus_client import start_http_server
 
 from ridethrough.collector.agent import Agent, AgentIdentity
 from ridethrough.collector.clock import Clock, ScriptedClock
-from ridethrough.collector.sample import Source
-from ridethrough.collector.sources.infiniband import InfinibandSource
-from ridethrough.collector.sources.netdev import NetdevSource
+from ridethrough.collector.registry import build_sources
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
@@ -137,18 +134,6 @@ class GatewayRuntime:
             self._pipeline.shutdown(timeout_s)
         if self._http is not None:
             self._http.shutdown()
-
-
-def build_sources(cfg: AgentConfig) -> list[Source]:
-    """The agent's sources by name, reading ``cfg.sysfs_root``."""
-    makers: dict[str, Callable[[], Source]] = {
-        "netdev": lambda: NetdevSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s),
-        "infiniband": lambda: InfinibandSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s),
-    }
-    unknown = [n for n in cfg.sources if n not in makers]
-    if unknown:
-        raise ValueError(f"agent.sources: unknown source(s) {unknown}; known: {sorted(makers)}")
-    return [makers[name]() for name in cfg.sources]
 
 
 def build_agent(cfg: AgentConfig) -> Agent:

@@ -40,11 +40,14 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..counters import parse_counter
 from ..sample import Sample
 from ._sysfs import SysfsSource, gauge
+
+if TYPE_CHECKING:
+    from ridethrough.settings import AgentConfig
 
 _log = logging.getLogger(__name__)
 
@@ -250,3 +253,8 @@ class InfinibandSource(SysfsSource):
         except OSError as exc:
             self._error(directory, exc)
             return []
+
+
+def from_config(cfg: AgentConfig) -> InfinibandSource:
+    """The InfiniBand source the agent's config asks for."""
+    return InfinibandSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s)

@@ -27,11 +27,14 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..counters import parse_counter
 from ..sample import Sample
 from ._sysfs import SysfsSource, gauge
+
+if TYPE_CHECKING:
+    from ridethrough.settings import AgentConfig
 
 _log = logging.getLogger(__name__)
 
@@ -211,3 +214,8 @@ class NetdevSource(SysfsSource):
         speed = self._value(base / "speed", parse_speed)
         if speed is not None:
             yield gauge("ridethrough.nic.speed", "Mbit/s", attributes, speed)
+
+
+def from_config(cfg: AgentConfig) -> NetdevSource:
+    """The netdev source the agent's config asks for."""
+    return NetdevSource(sysfs_root=cfg.sysfs_root, interval_s=cfg.interval_s)

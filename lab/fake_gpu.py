@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from ridethrough.collector.nvml import (
     NvmlBackend,
     NvmlError,
     RemappedRows,
+    RetiredPages,
     Utilization,
     XidEvent,
     nvml_error,
@@ -42,12 +43,14 @@ from ridethrough.lab.fake_gpu_state import (
     H100_MEMORY_TOTAL_BYTES,
     H100_NAME,
     H100_NVLINKS,
+    H100_UNSUPPORTED,
     FakeGpu,
     GpuState,
     Script,
     ScriptedFault,
     ScriptError,
     check_params,
+    check_unsupported,
     gpu_state,
     parse_script,
     script_to_json,
@@ -62,7 +65,7 @@ _POLL_S = 0.05
 """How often `FakeNvmlBackend.wait_xid` looks at the script again while it waits."""
 
 
-def _fake_gpu(host: str, seed: int, index: int, *, name: str, nvlinks: int) -> FakeGpu:
+def _fake_gpu(host: str, seed: int, index: int, *, name: str, nvlinks: int, unsupported: tuple[str, ...]) -> FakeGpu:
     digest = hashlib.blake2b(f"{host}:{seed}:{index}".encode(), digest_size=16).digest()
     bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0xE0 + index - len(_HGX_BUSES)
     return FakeGpu(
@@ -73,6 +76,7 @@ def _fake_gpu(host: str, seed: int, index: int, *, name: str, nvlinks: int) -> F
         name=name,
         nvlinks=nvlinks,
         memory_total_bytes=H100_MEMORY_TOTAL_BYTES,
+        unsupported=unsupported,
     )
 
 
@@ -105,16 +109,20 @@ def _read_script(path: Path) -> Script:
 
 
 def create_fake_gpus(path: str | os.PathLike[str], count: int = 8, *, host: str, seed: int | None = None,
-                     name: str = H100_NAME, nvlinks: int = H100_NVLINKS) -> None:
+                     name: str = H100_NAME, nvlinks: int = H100_NVLINKS,
+                     unsupported: Iterable[str] = H100_UNSUPPORTED) -> None:
     """Write a fresh script of ``count`` healthy GPUs for ``host`` (replacing any there).
 
     UUIDs, serials and the healthy load pattern follow from ``host`` and ``seed``; with no
     seed a random one is drawn and stored, so every reader of the file still agrees.
+    ``unsupported`` names the per-GPU calls every GPU answers NOT_SUPPORTED (an H100's by
+    default; ``("remapped_rows",)`` plays a pre-Ampere GPU that retires pages instead).
     """
     if count < 0 or nvlinks < 0:
         raise ValueError(f"count and nvlinks must be >= 0, not {count} and {nvlinks}")
+    calls = check_unsupported(list(unsupported))
     seed = secrets.randbits(32) if seed is None else seed
-    gpus = tuple(_fake_gpu(host, seed, i, name=name, nvlinks=nvlinks) for i in range(count))
+    gpus = tuple(_fake_gpu(host, seed, i, name=name, nvlinks=nvlinks, unsupported=calls) for i in range(count))
     target = Path(path)
     with _writer_lock(target):
         _write_atomically(target, script_to_json(Script(host, seed, DRIVER_VERSION, gpus)))
@@ -178,8 +186,9 @@ class FakeNvmlBackend(NvmlBackend):
     """`NvmlBackend` over a host's ``gpus.json``: what real NVML would say, had the script happened.
 
     Like NVML, every call but `init` fails with ``NVML_ERROR_UNINITIALIZED`` before `init`,
-    an unknown GPU index is ``NVML_ERROR_INVALID_ARGUMENT``, and a GPU that has fallen off
-    the bus fails every call with `NvmlGpuLost`. The file is re-read when it changes.
+    an unknown GPU index is ``NVML_ERROR_INVALID_ARGUMENT``, a GPU that has fallen off
+    the bus fails every call with `NvmlGpuLost`, and a call the GPU's ``unsupported`` list
+    names fails with `NvmlNotSupported`. The file is re-read when it changes.
     """
 
     def __init__(self, script_path: str | os.PathLike[str], *, clock: Callable[[], int] = time.time_ns) -> None:
@@ -210,14 +219,17 @@ class FakeNvmlBackend(NvmlBackend):
                 self._stat_key = key
             return self._script
 
-    def _gpu(self, index: int) -> tuple[FakeGpu, GpuState]:
+    def _gpu(self, index: int, call: str) -> tuple[FakeGpu, GpuState]:
         script = self._load()
         if not 0 <= index < len(script.gpus):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT, f"Invalid Argument: no GPU {index}")
         state = gpu_state(script, index, self._clock())
         if state.lost:
             raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST, f"GPU is lost: GPU {index} has fallen off the bus")
-        return script.gpus[index], state
+        gpu = script.gpus[index]
+        if call in gpu.unsupported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED, f"Not Supported: {call} on GPU {index}")
+        return gpu, state
 
     def init(self) -> None:
         """Start reading the script; `NvmlUnavailable` if there is none, `NvmlError` if it is malformed."""
@@ -247,74 +259,82 @@ class FakeNvmlBackend(NvmlBackend):
 
     def uuid(self, index: int) -> str:
         """See `NvmlBackend.uuid`."""
-        return self._gpu(index)[0].uuid
+        return self._gpu(index, "uuid")[0].uuid
 
     def name(self, index: int) -> str:
         """See `NvmlBackend.name`."""
-        return self._gpu(index)[0].name
+        return self._gpu(index, "name")[0].name
 
     def serial(self, index: int) -> str:
         """See `NvmlBackend.serial`."""
-        return self._gpu(index)[0].serial
+        return self._gpu(index, "serial")[0].serial
 
     def pci_bus_id(self, index: int) -> str:
         """See `NvmlBackend.pci_bus_id`."""
-        return self._gpu(index)[0].pci_bus_id
+        return self._gpu(index, "pci_bus_id")[0].pci_bus_id
 
     def utilization(self, index: int) -> Utilization:
         """See `NvmlBackend.utilization`."""
-        return self._gpu(index)[1].utilization
+        return self._gpu(index, "utilization")[1].utilization
 
     def memory(self, index: int) -> MemoryInfo:
         """See `NvmlBackend.memory`."""
-        return self._gpu(index)[1].memory
+        return self._gpu(index, "memory")[1].memory
 
     def temperature_c(self, index: int) -> int:
         """See `NvmlBackend.temperature_c`."""
-        return self._gpu(index)[1].temperature_c
+        return self._gpu(index, "temperature_c")[1].temperature_c
 
     def power_mw(self, index: int) -> int:
         """See `NvmlBackend.power_mw`."""
-        return self._gpu(index)[1].power_mw
+        return self._gpu(index, "power_mw")[1].power_mw
 
     def sm_clock_mhz(self, index: int) -> int:
         """See `NvmlBackend.sm_clock_mhz`."""
-        return self._gpu(index)[1].sm_clock_mhz
+        return self._gpu(index, "sm_clock_mhz")[1].sm_clock_mhz
 
     def clock_event_reasons(self, index: int) -> int:
         """See `NvmlBackend.clock_event_reasons`."""
-        return self._gpu(index)[1].clock_event_reasons
+        return self._gpu(index, "clock_event_reasons")[1].clock_event_reasons
 
     def ecc_errors(self, index: int) -> EccCounts:
         """See `NvmlBackend.ecc_errors`."""
-        return self._gpu(index)[1].ecc
+        return self._gpu(index, "ecc_errors")[1].ecc
 
     def remapped_rows(self, index: int) -> RemappedRows:
         """See `NvmlBackend.remapped_rows`."""
-        return self._gpu(index)[1].remapped_rows
+        return self._gpu(index, "remapped_rows")[1].remapped_rows
+
+    def retired_pages(self, index: int) -> RetiredPages:
+        """See `NvmlBackend.retired_pages`."""
+        return self._gpu(index, "retired_pages")[1].retired_pages
 
     def pcie_replay_count(self, index: int) -> int:
         """See `NvmlBackend.pcie_replay_count`."""
-        return self._gpu(index)[1].pcie_replay_count
+        return self._gpu(index, "pcie_replay_count")[1].pcie_replay_count
+
+    def recovery_action(self, index: int) -> int:
+        """See `NvmlBackend.recovery_action`."""
+        return self._gpu(index, "recovery_action")[1].recovery_action
 
     def nvlink_count(self, index: int) -> int:
         """See `NvmlBackend.nvlink_count`."""
-        return self._gpu(index)[0].nvlinks
+        return self._gpu(index, "nvlink_count")[0].nvlinks
 
-    def _link(self, index: int, link: int) -> GpuState:
-        gpu, state = self._gpu(index)
+    def _link(self, index: int, link: int, call: str) -> GpuState:
+        gpu, state = self._gpu(index, call)
         if not 0 <= link < gpu.nvlinks:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT, f"Invalid Argument: GPU {index} has no link {link}")
         return state
 
     def nvlink_active(self, index: int, link: int) -> bool:
         """See `NvmlBackend.nvlink_active`; fake links stay up (CRC storms degrade, they do not cut)."""
-        self._link(index, link)
+        self._link(index, link, "nvlink_active")
         return True
 
     def nvlink_errors(self, index: int, link: int) -> NvlinkCounters:
         """See `NvmlBackend.nvlink_errors`."""
-        return self._link(index, link).nvlink_errors.get(link, NvlinkCounters(0, 0, 0, 0))
+        return self._link(index, link, "nvlink_errors").nvlink_errors.get(link, NvlinkCounters(0, 0, 0, 0))
 
     def _next_xid(self) -> XidEvent | None:
         script = self._load()

@@ -4,7 +4,8 @@ A host's ``gpus.json`` holds its inventory and a list of timed faults::
 
     {"version": 1, "host": "h0", "seed": 7, "driver_version": "550.90.07",
      "gpus": [{"index": 0, "uuid": "GPU-…", "serial": "1654…", "pci_bus_id": "00000000:18:00.0",
-               "name": "NVIDIA H100 80GB HBM3", "nvlinks": 18, "memory_total_bytes": 85520809984}],
+               "name": "NVIDIA H100 80GB HBM3", "nvlinks": 18, "memory_total_bytes": 85520809984,
+               "unsupported": ["retired_pages"]}],
      "faults": [{"id": 1, "gpu": 0, "fault": "ecc_sbe_rising", "params": {"rate_per_s": 2.0},
                  "start_ns": 1700000000000000000, "end_ns": null}],
      "next_id": 2}
@@ -12,7 +13,10 @@ A host's ``gpus.json`` holds its inventory and a list of timed faults::
 `gpu_state` reads nothing but that script and ``now_ns``, so the lab (which writes
 the file) and the agent (which reads it through ``FakeNvmlBackend``, in another process)
 always agree on what a GPU shows. Counters keep their totals after a fault ends, as
-real hardware does; conditions (a pending remap, heat, a lost GPU) end with the fault.
+real hardware does; conditions (a pending remap, heat, a lost GPU, the driver's
+recommended recovery action) end with the fault: clearing a GPU's faults stands for
+resetting it. ``unsupported`` (optional) names the `NvmlBackend` calls the GPU answers
+with ``NVML_ERROR_NOT_SUPPORTED``, as a GPU of another generation or a consumer board would.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ from ridethrough.collector.nvml import (
     EccCounts,
     MemoryInfo,
     NvlinkCounters,
+    RecoveryAction,
     RemappedRows,
+    RetiredPages,
     Utilization,
+    XidClass,
+    xid_info,
 )
 from ridethrough.lab.control import GpuFault
 
@@ -40,6 +48,14 @@ H100_NVLINKS = 18
 H100_MEMORY_TOTAL_BYTES = 81559 * 2**20
 """What ``nvidia-smi`` shows as 81559 MiB on an H100 SXM5 80GB."""
 DRIVER_VERSION = "550.90.07"
+H100_UNSUPPORTED = ("retired_pages",)
+"""What an H100 answers NOT_SUPPORTED: it remaps rows instead of retiring pages."""
+PER_GPU_CALLS = frozenset({
+    "uuid", "name", "serial", "pci_bus_id", "utilization", "memory", "temperature_c", "power_mw",
+    "sm_clock_mhz", "clock_event_reasons", "ecc_errors", "remapped_rows", "retired_pages",
+    "pcie_replay_count", "recovery_action", "nvlink_count", "nvlink_active", "nvlink_errors",
+})
+"""The `NvmlBackend` calls about one GPU: those a fake GPU may list as unsupported."""
 
 MAX_SM_CLOCK_MHZ = 1980
 SW_THERMAL_SLOWDOWN_C = 87
@@ -82,6 +98,8 @@ class FakeGpu:
     name: str
     nvlinks: int
     memory_total_bytes: int
+    unsupported: tuple[str, ...] = ()
+    """`PER_GPU_CALLS` this GPU answers with NVML_ERROR_NOT_SUPPORTED."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +171,7 @@ def script_to_json(script: Script) -> str:
         "driver_version": script.driver_version,
         "gpus": [
             {"index": g.index, "uuid": g.uuid, "serial": g.serial, "pci_bus_id": g.pci_bus_id, "name": g.name,
-             "nvlinks": g.nvlinks, "memory_total_bytes": g.memory_total_bytes}
+             "nvlinks": g.nvlinks, "memory_total_bytes": g.memory_total_bytes, "unsupported": list(g.unsupported)}
             for g in script.gpus
         ],
         "faults": [
@@ -217,10 +235,21 @@ def _gpu(raw: Any, position: int) -> FakeGpu:
         name=_get(raw, "name", str, where),
         nvlinks=_get(raw, "nvlinks", int, where),
         memory_total_bytes=_get(raw, "memory_total_bytes", int, where),
+        unsupported=check_unsupported(_get(raw, "unsupported", list, where, optional=True) or (), where),
     )
     if gpu.index != position:
         raise ScriptError(f"{where}: index {gpu.index} is out of order (expected {position})")
     return gpu
+
+
+def check_unsupported(calls: Any, where: str = "unsupported") -> tuple[str, ...]:
+    """Validate a GPU's list of unsupported calls against `PER_GPU_CALLS`."""
+    if isinstance(calls, str) or not all(isinstance(c, str) for c in calls):
+        raise ScriptError(f"{where}: 'unsupported' must be a list of call names, not {calls!r}")
+    unknown = sorted(set(calls) - PER_GPU_CALLS)
+    if unknown:
+        raise ScriptError(f"{where}: unknown call(s) {unknown} in 'unsupported'; known: {sorted(PER_GPU_CALLS)}")
+    return tuple(dict.fromkeys(calls))
 
 
 def _fault(raw: Any, position: int, gpus: tuple[FakeGpu, ...]) -> ScriptedFault:
@@ -255,7 +284,10 @@ class GpuState:
     clock_event_reasons: int
     ecc: EccCounts
     remapped_rows: RemappedRows
+    retired_pages: RetiredPages
+    """What a GPU that retires pages instead of remapping rows would show for the same faults."""
     pcie_replay_count: int
+    recovery_action: int
     nvlink_errors: Mapping[int, NvlinkCounters]
     """Error counters of links that have any; every other link reads all zeros."""
 
@@ -300,6 +332,24 @@ def _count(fault: ScriptedFault, now_ns: int, key: str = "rate_per_s") -> int:
     return math.floor(fault.params[key] * fault.elapsed_s(now_ns))
 
 
+_ACTION_OF_CLASS: Mapping[XidClass, RecoveryAction] = {
+    XidClass.GPU_RESET: RecoveryAction.GPU_RESET,
+    XidClass.NODE_REBOOT: RecoveryAction.NODE_REBOOT,
+}
+
+
+def _recovery_action(active: list[ScriptedFault]) -> int:
+    """The driver's advice while faults are in force: a DBE or a reset-class XID asks for a GPU reset,
+    a reboot-class XID for a node reboot (the stronger advice wins); clearing the faults is the reset."""
+    actions = [RecoveryAction.NONE]
+    for fault in active:
+        xid = fault.xid()
+        if xid is not None:
+            actions.append(_ACTION_OF_CLASS.get(xid_info(xid).xid_class, RecoveryAction.NONE))
+    strength = (RecoveryAction.NONE, RecoveryAction.GPU_RESET, RecoveryAction.NODE_REBOOT)
+    return int(max(actions, key=strength.index))
+
+
 def gpu_state(script: Script, index: int, now_ns: int) -> GpuState:
     """What GPU ``index`` reports at ``now_ns``: a pure function of the script and the time."""
     gpu = script.gpus[index]
@@ -328,6 +378,8 @@ def gpu_state(script: Script, index: int, now_ns: int) -> GpuState:
         # every flit that fails its CRC is replayed; data CRC errors are a fraction of them
         nvlink[link] = NvlinkCounters(old.crc_flit + flits, old.crc_data + flits // 8, old.replay + flits, 0)
     lost = any(f.active(now_ns) and f.xid() == XID_FALLEN_OFF_BUS for f in started)
+    remapped = sum(int(f.params["rows"]) + _count(f, now_ns) for f in of(GpuFault.ROW_REMAP_PENDING))
+    pending = any(f.active(now_ns) for f in remaps)
     return GpuState(
         lost=lost,
         utilization=Utilization(round(base.util), round(base.memory_util)),
@@ -337,13 +389,10 @@ def gpu_state(script: Script, index: int, now_ns: int) -> GpuState:
         sm_clock_mhz=clock,
         clock_event_reasons=int(reasons),
         ecc=EccCounts(sbe, sbe, dbe, dbe),
-        remapped_rows=RemappedRows(
-            corrected=sum(int(f.params["rows"]) + _count(f, now_ns) for f in of(GpuFault.ROW_REMAP_PENDING)),
-            uncorrected=dbe,
-            pending=any(f.active(now_ns) for f in remaps),
-            failure=False,
-        ),
+        remapped_rows=RemappedRows(corrected=remapped, uncorrected=dbe, pending=pending, failure=False),
+        retired_pages=RetiredPages(single_bit=remapped, double_bit=dbe, pending=pending),
         pcie_replay_count=sum(_count(f, now_ns) for f in of(GpuFault.PCIE_REPLAY_STORM)),
+        recovery_action=_recovery_action([f for f in started if f.active(now_ns)]),
         nvlink_errors=nvlink,
     )
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from ridethrough.config import ConfigError, Loaded, render
+from ridethrough.lab.cli import lab_app
 from ridethrough.settings import load_component
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -26,6 +27,7 @@ store_app = typer.Typer(no_args_is_help=True, help="Manage the ClickHouse store.
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(store_app, name="store")
 app.add_typer(config_app, name="config")
+app.add_typer(lab_app, name="lab")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]
@@ -133,6 +135,9 @@ def agent(
     export_interval_s: Annotated[float | None, typer.Option(
         "--export-interval", help="Export interval, seconds.")] = None,
     clock_script: Annotated[str | None, typer.Option(help="A lab host's clock file.")] = None,
+    prometheus_listen: Annotated[str | None, typer.Option(
+        help="Also serve the metrics at /metrics on HOST:PORT (port 0: any).")] = None,
+    ready_file: Annotated[str | None, typer.Option(help="Write bound addresses here as JSON.")] = None,
     duration: Duration = None,
     verbose: Verbose = False,
 ) -> None:
@@ -142,14 +147,22 @@ def agent(
     _logging(verbose)
     cfg = _load("agent", config, gateway=gateway, node_id=node_id, cluster=cluster, rack=rack,
                 sysfs_root=sysfs_root, interval_s=interval_s, export_interval_s=export_interval_s,
-                clock_script=clock_script)
+                clock_script=clock_script, prometheus_listen=prometheus_listen)
     try:
         node = wiring.build_agent(cfg)
     except ValueError as exc:
         typer.echo(f"ridethrough: config error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    node.start()
+    try:
+        node.start()
+    except OSError as exc:  # /metrics could not bind: a start-up error, said in one line
+        typer.echo(f"ridethrough: cannot serve /metrics on {cfg.prometheus_listen}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if ready_file:
+        wiring.write_ready_file(ready_file, node.addresses)
     typer.echo(f"agent: exporting to {cfg.gateway}", err=True)
+    if "prometheus" in node.addresses:
+        typer.echo(f"agent: Prometheus /metrics on {node.addresses['prometheus']}", err=True)
     try:
         _wait_for_signal(duration)
     finally:

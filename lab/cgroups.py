@@ -1,0 +1,94 @@
+"""The lab's cgroups (v1 ``cpu`` controller): one per lab, one per host, one for a host's jobs.
+
+Everything a lab runs joins its tree, so ``lab down`` finds every process (even one a
+crashed supervisor left behind), and a straggler is a CPU quota on ``{host}/jobs``::
+
+    /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/              supervisor, server, load generators
+    /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/{host}/       the host's agent, lab exec
+    /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/{host}/jobs/  lab exec --job (and stragglers)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+PARENT = "ridethrough-lab"
+PERIOD_US = 100_000
+
+
+def available(root: Path = CPU_ROOT) -> bool:
+    """Whether this process can make cgroups under the v1 cpu controller."""
+    return (root / "cgroup.procs").exists() and os.access(root, os.W_OK)
+
+
+def lab_dir(name: str, root: Path = CPU_ROOT) -> Path:
+    """A lab's cgroup."""
+    return root / PARENT / name
+
+
+def host_dir(name: str, host: str, *, jobs: bool = False, root: Path = CPU_ROOT) -> Path:
+    """A host's cgroup, or its jobs' cgroup."""
+    base = lab_dir(name, root) / host
+    return base / "jobs" if jobs else base
+
+
+def make(path: Path) -> None:
+    """Create a cgroup and its parents."""
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def join(path: Path, pid: int = 0) -> None:
+    """Move a process (0: the caller) into a cgroup."""
+    fd = os.open(path / "cgroup.procs", os.O_WRONLY)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
+
+
+def procs(path: Path) -> list[int]:
+    """Every pid in a cgroup and the cgroups below it."""
+    out: list[int] = []
+    if not path.is_dir():
+        return out
+    for dirpath, _dirs, _files in os.walk(path):
+        with contextlib.suppress(FileNotFoundError, OSError):
+            out += [int(x) for x in (Path(dirpath) / "cgroup.procs").read_text().split()]
+    return out
+
+
+def remove_tree(path: Path) -> list[str]:
+    """Remove a cgroup and those below it (deepest first); returns the ones that would not go."""
+    failed: list[str] = []
+    if not path.is_dir():
+        return failed
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failed.append(f"{dirpath}: {exc.strerror}")
+    with contextlib.suppress(OSError):  # the shared parent goes with the last lab (busy otherwise)
+        os.rmdir(path.parent)
+    return failed
+
+
+def set_cpu_fraction(path: Path, fraction: float | None) -> None:
+    """Cap a cgroup to ``fraction`` of one CPU (None: no cap)."""
+    (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    quota = -1 if fraction is None else max(1000, round(fraction * PERIOD_US))
+    (path / "cpu.cfs_quota_us").write_text(str(quota))
+
+
+def throttled(path: Path) -> int:
+    """How many periods the cgroup was throttled in (``cpu.stat nr_throttled``)."""
+    for line in (path / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "nr_throttled":
+            return int(value)
+    return 0
+

@@ -1,0 +1,256 @@
+"""The lab's supervisor: ``python -m ridethrough.lab.supervisor STATE_FILE``.
+
+Started detached by ``lab up``; it owns what must keep running after ``lab up`` returns:
+
+* the server (``ridethrough server``: gateway and store endpoint on an embedded chDB store
+  under the lab's directory), listening on the lab's management address;
+* one ``ridethrough agent`` per host, inside the host's namespace, once the fabric is built
+  and the server is ready (none is restarted; exits are logged and recorded);
+* the fake-IB `CounterPump` of every host, ticking every 0.5 s from the host's NIC veth
+  statistics (IFLA_STATS64 over netlink, inside the host's namespace);
+* scheduled operations (a flap's downs and ups, a NIC ramp's link down), run when due.
+
+SIGTERM stops the agents, then the server, gently, and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ridethrough.lab import netns, procs
+from ridethrough.lab.fake_ib import CounterPump, NicStats
+from ridethrough.lab.netns import Handles, NsHandle
+from ridethrough.lab.state import State, StateFile
+
+log = logging.getLogger("ridethrough.lab.supervisor")
+PUMP_INTERVAL_S = 0.5
+LOOP_INTERVAL_S = 0.05
+SCHEDULABLE = frozenset({"set_link"})
+AGENT_GRACE_S = 1.0
+SERVER_GRACE_S = 2.0
+
+
+def nic_stats(handle: NsHandle) -> dict[str, NicStats]:
+    """The host's NIC veths as the fake IB tree wants them."""
+    out: dict[str, NicStats] = {}
+    for m in handle.links():
+        name = str(m.get("ifname"))
+        if not name.startswith("nic"):
+            continue
+        s = m.get("stats64") or {}
+        out[name] = NicStats(
+            rx_bytes=s.get("rx_bytes", 0), tx_bytes=s.get("tx_bytes", 0), rx_packets=s.get("rx_packets", 0),
+            tx_packets=s.get("tx_packets", 0), rx_errors=s.get("rx_errors", 0), tx_errors=s.get("tx_errors", 0),
+            rx_dropped=s.get("rx_dropped", 0), tx_dropped=s.get("tx_dropped", 0),
+            up=m.get("operstate") == "UP", mtu=int(m.get("mtu") or 1500),
+            carrier_changes=int(m.get("carrier_changes") or 0))
+    return out
+
+
+def _veth_nics(handle: NsHandle) -> Callable[[], Mapping[str, NicStats]]:
+    return lambda: nic_stats(handle)
+
+
+def _idle_nics(nics: list[str]) -> Callable[[], Mapping[str, NicStats]]:
+    return lambda: {n: NicStats(0, 0, 0, 0) for n in nics}
+
+
+class Supervisor:
+    """Runs a lab's long-lived processes and timers from its state file."""
+
+    def __init__(self, sf: StateFile) -> None:
+        self.sf = sf
+        self.state: State = sf.read()
+        self.dir = Path(self.state["dir"])
+        self.logs = self.dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.reported: set[str] = set()
+        self.stopping = threading.Event()
+        self.handles = Handles()
+        self.pumps: list[CounterPump] = []
+        self._lab: Any = None
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, key: str, argv: list[str], *, ns: str | None, cgroup: str | None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.logs / f"{key.replace(':', '-')}.log", "ab") as out:
+            proc = netns.popen(ns, argv, cgroup=None if cgroup is None else Path(cgroup), stdin=subprocess.DEVNULL,
+                               stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.children[key] = proc
+        rec = procs.ref(proc.pid)
+        if rec is not None:
+            self.sf.set_in("processes", key, rec.to_json())
+
+    def start_server(self) -> None:
+        """``ridethrough server`` on the management address, its store under the lab directory."""
+        ip = self.state["server_ip"]
+        self._spawn("server", [
+            sys.executable, "-m", "ridethrough", "server", "--store", f"chdb://{self.dir / 'store'}",
+            "--spool", str(self.dir / "spool"), "--otlp-listen", f"{ip}:{self.state['otlp_port']}",
+            "--store-http-listen", f"{ip}:{self.state['store_http_port']}",
+            "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.state.get("cgroup"))
+
+    def wait_server(self, timeout_s: float = 120.0) -> bool:
+        """Wait for the server's ready file; record its addresses (or why it failed)."""
+        ready = self.dir / "server.json"
+        deadline = time.monotonic() + timeout_s
+        server = self.children["server"]
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            if ready.exists():
+                self.sf.set_in("status", "server", json.loads(ready.read_text()))
+                return True
+            if server.poll() is not None:
+                tail = (self.logs / "server.log").read_text(errors="replace").strip().splitlines()[-3:]
+                self.sf.set_in("status", "server_error", f"server exited ({server.returncode}): {' | '.join(tail)}")
+                return False
+            time.sleep(0.02)
+        self.sf.set_in("status", "server_error", f"server not ready after {timeout_s} s")
+        return False
+
+    def start_agents(self) -> None:
+        """One ``ridethrough agent`` per host, inside its namespace."""
+        gateway = f"{self.state['server_ip']}:{self.state['otlp_port']}"
+        for host, info in self.state["hosts"].items():
+            d = Path(info["dir"])
+            self._spawn(f"agent:{host}", [
+                sys.executable, "-m", "ridethrough", "agent", "--gateway", gateway, "--node-id", host,
+                "--cluster", self.state["name"], "--rack", f"rack{info['rack']}",
+                "--sysfs-root", str(d / "sysfs"), "--clock-script", str(d / "clock.json")],
+                ns=info.get("ns"), cgroup=info.get("cgroup"))
+
+    def reap(self) -> None:
+        """Log (once) every child that exited; none is restarted."""
+        for key, proc in self.children.items():
+            if key not in self.reported and proc.poll() is not None:
+                self.reported.add(key)
+                log.warning("%s exited with status %s (not restarted)", key, proc.returncode)
+                self.sf.set_in("exits", key, proc.returncode)
+
+    def stop_children(self) -> None:
+        """Agents first (they flush to a live server), then the server."""
+        for keys, grace in (([k for k in self.children if k != "server"], AGENT_GRACE_S), (["server"], SERVER_GRACE_S)):
+            refs = [r for r in (procs.ref(self.children[k].pid) for k in keys if k in self.children) if r]
+            procs.stop(refs, grace_s=grace)
+            for k in keys:
+                if k in self.children:
+                    self.children[k].wait()
+
+    # -- fabric ----------------------------------------------------------------------------
+
+    def wait_fabric(self, timeout_s: float = 120.0) -> bool:
+        """Wait until ``lab up`` has built the fabric (False: told to stop, the lab is gone, or it never came)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            if not self.sf.exists():
+                return False
+            status = self.sf.read().get("status", {})
+            if status.get("fabric") == "ready":
+                return True
+            time.sleep(0.02)
+        return False
+
+    def make_pumps(self) -> None:
+        """One counter pump per host."""
+        for info in self.state["hosts"].values():
+            d = Path(info["dir"])
+            ns = info.get("ns")
+            stats = _veth_nics(self.handles(ns)) if ns else _idle_nics(list(info["nics"]))
+            self.pumps.append(CounterPump(d / "sysfs", d / "nic_faults.json", stats))
+
+    def tick_pumps(self) -> None:
+        """Rewrite every host's counters once; a failing host is logged and skipped."""
+        now = time.time_ns()
+        for pump in self.pumps:
+            try:
+                pump.tick(now)
+            except Exception:  # telemetry never takes the lab down
+                log.exception("counter pump for %s failed", pump.root)
+
+    def run_due(self) -> None:
+        """Run scheduled operations whose time has come."""
+        now = time.time_ns()
+        if not any(e["at_ns"] <= now for e in self.sf.read().get("schedule", [])):
+            return
+
+        def take(st: State) -> list[dict[str, Any]]:
+            due = [e for e in st.get("schedule", []) if e["at_ns"] <= now]
+            st["schedule"] = [e for e in st.get("schedule", []) if e["at_ns"] > now]
+            return due
+        for entry in self.sf.update(take):
+            try:
+                if entry["op"] not in SCHEDULABLE:
+                    raise ValueError(f"not a schedulable operation: {entry['op']}")
+                if self._lab is None:
+                    from ridethrough.lab.fabric import Lab
+                    self._lab = Lab.attach(self.state["name"], state_root=self.sf.root)
+                getattr(self._lab, entry["op"])(**entry["args"])
+                log.info("ran scheduled %s %s", entry["op"], entry["args"])
+            except Exception:
+                log.exception("scheduled %s %s failed", entry["op"], entry["args"])
+
+    # -- main ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start everything, then tick until SIGTERM."""
+        me = procs.ref(os.getpid())
+        assert me is not None
+        self.sf.set_in("processes", "supervisor", me.to_json())
+        agents = bool(self.state.get("agents"))
+        if agents:
+            self.start_server()
+        if self.wait_fabric():
+            self.make_pumps()
+            self.tick_pumps()
+            if agents and self.wait_server():
+                self.start_agents()
+            self.sf.set_in("status", "supervisor", "running")
+            self.loop()
+        self.stop_children()
+        self.handles.close()
+        if self.sf.exists():
+            self.sf.set_in("status", "supervisor", "stopped")
+        return 0
+
+    def loop(self) -> None:
+        """Reap, run what is due, pump counters; until told to stop."""
+        next_pump = time.monotonic() + PUMP_INTERVAL_S
+        while not self.stopping.wait(LOOP_INTERVAL_S):
+            self.reap()
+            try:
+                self.run_due()
+            except Exception:
+                log.exception("schedule check failed")
+            if time.monotonic() >= next_pump:
+                self.tick_pumps()
+                next_pump += PUMP_INTERVAL_S
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: the state file's path is the only argument."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ridethrough.lab.supervisor STATE_FILE", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path = Path(args[0])
+    sup = Supervisor(StateFile(path.parent, path.stem))
+    signal.signal(signal.SIGTERM, lambda *_: sup.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: sup.stopping.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

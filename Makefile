@@ -5,8 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# Debian packages the tests use (iproute2: network namespaces for the lab).
-DEBS   ?= iproute2
+# Debian packages the tests use (iproute2: network namespaces for the lab; prometheus: scrapes the agent).
+DEBS   ?= iproute2 prometheus
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test check lint typecheck unit debs bench clean
@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,torch]'
 	touch $@
 
 # Installs only what is missing; apt-get update first, as a fresh machine's lists are empty.

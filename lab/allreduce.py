@@ -25,15 +25,18 @@ from typing import Any
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m ridethrough.lab.allreduce", description=__doc__.splitlines()[0])
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world-size", type=int, required=True)
-    ap.add_argument("--master-addr", required=True)
-    ap.add_argument("--master-port", type=int, default=29500)
+    env = os.environ
+    # Defaults from torchrun's environment contract, so launchers need not pass flags.
+    ap.add_argument("--rank", type=int, default=int(env.get("RANK", "0")))
+    ap.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", "1")))
+    ap.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"))
+    ap.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", "29500")))
     ap.add_argument("--iface", default="stab", help="Interface gloo binds to (the host's stable address).")
     ap.add_argument("--steps", type=int, default=0, help="Steps to run (0: run for --duration).")
-    ap.add_argument("--duration", type=float, default=10.0, help="Seconds to run when --steps is 0.")
+    ap.add_argument("--duration", type=float, default=3600.0,
+                    help="Seconds to run when --steps is 0 (a launcher stops the job sooner).")
     ap.add_argument("--elements", type=int, default=1 << 18, help="float32 elements all-reduced per step.")
-    ap.add_argument("--job", default="lab-allreduce", help="Job id reported to the agent.")
+    ap.add_argument("--job", default=env.get("RIDETHROUGH_JOB", "lab-allreduce"), help="Job id reported to the agent.")
     ap.add_argument("--job-socket", default="", help="The local agent's job socket; empty reports nothing.")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="Collective timeout.")
     return ap.parse_args(argv)

@@ -304,6 +304,8 @@ def run(scenario: Annotated[Path, typer.Argument(help="A scenario YAML file.")],
     topology that is taken down afterwards.
     """
     from ridethrough.exporters.store import Store
+    from ridethrough.lab.fabric import Lab
+    from ridethrough.lab.jobs import LabJobLauncher
     from ridethrough.lab.truth import run_scenario
 
     stop = threading.Event()
@@ -313,7 +315,9 @@ def run(scenario: Annotated[Path, typer.Argument(help="A scenario YAML file.")],
     except (LabError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     try:
-        run_scenario(scenario, lab=lab, store=Store(store) if store else None, stop=stop, print_fn=typer.echo)
+        jobs = LabJobLauncher(lab, log_dir=Path(lab.state()["dir"]) / "jobs") if isinstance(lab, Lab) else None
+        run_scenario(scenario, lab=lab, store=Store(store) if store else None, stop=stop, print_fn=typer.echo,
+                     jobs=jobs)
     except (LabError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     finally:

@@ -200,13 +200,17 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
     from ridethrough import wiring
     from ridethrough.exporters import schema
     from ridethrough.exporters.store import StoreError, StoreUnavailable
+    from ridethrough.lab.truth import ensure_truth_table, truth_ddl
 
     cfg = _load("gateway", config, store=store, cluster=cluster)
     if print_sql:
-        typer.echo(";\n\n".join(schema.ddl(cluster=cfg.cluster)) + ";")
+        statements = [*schema.ddl(cluster=cfg.cluster), *truth_ddl(cluster=cfg.cluster)]
+        typer.echo(";\n\n".join(statements) + ";")
         return
     try:
-        n = wiring.open_store(cfg).init_schema()
+        target = wiring.open_store(cfg)
+        n = target.init_schema()
+        ensure_truth_table(target)  # domain tables sit beside the OTel ones
     except (StoreUnavailable, StoreError) as exc:
         typer.echo(f"ridethrough: {exc}", err=True)
         raise typer.Exit(1) from exc

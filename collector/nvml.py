@@ -29,9 +29,11 @@ import pynvml
 from ridethrough.collector.nvml_tables import (
     XID_TABLE,
     ClockEventReason,
+    RecoveryAction,
     XidClass,
     XidInfo,
     decode_clock_event_reasons,
+    recovery_action_name,
     xid_info,
 )
 
@@ -47,13 +49,16 @@ __all__ = [
     "NvmlNotSupported",
     "NvmlUnavailable",
     "PynvmlBackend",
+    "RecoveryAction",
     "RemappedRows",
+    "RetiredPages",
     "Utilization",
     "XidClass",
     "XidEvent",
     "XidInfo",
     "decode_clock_event_reasons",
     "nvml_error",
+    "recovery_action_name",
     "xid_info",
 ]
 
@@ -138,6 +143,19 @@ class RemappedRows:
     uncorrected: int
     pending: bool
     failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPages:
+    """Pages retired by dynamic page retirement (before Ampere; Ampere and newer remap rows instead).
+
+    Read through the fields ``NVML_FI_DEV_RETIRED_SBE``, ``_DBE`` and ``_PENDING``;
+    ``pending``: a retirement waits for the next reattach of the driver or GPU reset.
+    """
+
+    single_bit: int
+    double_bit: int
+    pending: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +247,16 @@ class NvmlBackend(Protocol):
         """``nvmlDeviceGetRemappedRows`` (Ampere and newer)."""
         ...
 
+    def retired_pages(self, index: int) -> RetiredPages:
+        """Retired pages and whether one is pending (fields ``NVML_FI_DEV_RETIRED_*``; before Ampere)."""
+        ...
+
     def pcie_replay_count(self, index: int) -> int:
         """``nvmlDeviceGetPcieReplayCounter``: PCIe link-level retransmissions since driver load."""
+        ...
+
+    def recovery_action(self, index: int) -> int:
+        """The driver's recommended `RecoveryAction` (field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, R550+)."""
         ...
 
     def nvlink_count(self, index: int) -> int:
@@ -377,16 +403,35 @@ class PynvmlBackend(NvmlBackend):
         corrected, uncorrected, pending, failure = self._on(pynvml.nvmlDeviceGetRemappedRows, index)
         return RemappedRows(int(corrected), int(uncorrected), bool(pending), bool(failure))
 
+    def retired_pages(self, index: int) -> RetiredPages:
+        """See `NvmlBackend.retired_pages`."""
+        sbe, dbe, pending = self._fields(index, _RETIRED_FIELDS)
+        return RetiredPages(single_bit=sbe, double_bit=dbe, pending=bool(pending))
+
     def pcie_replay_count(self, index: int) -> int:
         """See `NvmlBackend.pcie_replay_count`."""
         return int(self._on(pynvml.nvmlDeviceGetPcieReplayCounter, index))
 
+    def recovery_action(self, index: int) -> int:
+        """See `NvmlBackend.recovery_action`."""
+        (action,) = self._fields(index, (_FI_GPU_RECOVERY_ACTION,))
+        return action
+
     def nvlink_count(self, index: int) -> int:
         """See `NvmlBackend.nvlink_count`."""
-        (value,) = self._on(pynvml.nvmlDeviceGetFieldValues, index, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
-        if value.nvmlReturn != pynvml.NVML_SUCCESS:
-            raise nvml_error(int(value.nvmlReturn), "NVML_FI_DEV_NVLINK_LINK_COUNT")
-        return int(value.value.uiVal)
+        (count,) = self._fields(index, (pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,))
+        return count
+
+    def _fields(self, index: int, field_ids: tuple[int, ...]) -> list[int]:
+        """``nvmlDeviceGetFieldValues`` for integer fields; a field the GPU lacks raises its own error."""
+        values = self._on(pynvml.nvmlDeviceGetFieldValues, index, list(field_ids))
+        out: list[int] = []
+        for field_id, value in zip(field_ids, values, strict=True):
+            if value.nvmlReturn != pynvml.NVML_SUCCESS:
+                raise nvml_error(int(value.nvmlReturn), f"field value {field_id}")
+            member = _VALUE_MEMBERS.get(int(value.valueType), "ullVal")
+            out.append(int(getattr(value.value, member)))
+        return out
 
     def nvlink_active(self, index: int, link: int) -> bool:
         """See `NvmlBackend.nvlink_active`."""
@@ -444,6 +489,21 @@ class PynvmlBackend(NvmlBackend):
             return None
         index, uuid = self._event_gpus.get(_address(data.device), (-1, ""))
         return XidEvent(gpu_index=index, uuid=uuid, xid=int(data.eventData), timestamp_ns=self._clock())
+
+
+_FI_GPU_RECOVERY_ACTION: int = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+"""Field id 230 (R550+); nvidia-ml-py releases before R550 do not name it, drivers before R550 answer NOT_SUPPORTED."""
+_RETIRED_FIELDS = (pynvml.NVML_FI_DEV_RETIRED_SBE, pynvml.NVML_FI_DEV_RETIRED_DBE, pynvml.NVML_FI_DEV_RETIRED_PENDING)
+_VALUE_MEMBERS: dict[int, str] = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
+}
+"""Which member of ``nvmlValue_t`` holds a field value, by ``valueType``."""
 
 
 def _address(handle: Any) -> int | None:

@@ -1,9 +1,12 @@
-"""What NVML's numbers mean: clock event reason bits and XID codes.
+"""What NVML's numbers mean: clock event reason bits, recovery actions and XID codes.
 
 The clock event reason bits are pynvml's own constants (``nvmlClocksEventReason*``), so
-they cannot drift from the library. The XID table follows NVIDIA's Xid catalogue
-(docs.nvidia.com/deploy/xid-errors); each code's class is the action it calls for
-on an Ampere-or-newer data-centre GPU, which is what a detector needs to decide.
+they cannot drift from the library. The recovery actions are NVML's
+``nvmlDeviceGpuRecoveryAction_t`` (read through the field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``);
+they are spelled out here because nvidia-ml-py releases before R550 do not define them. The
+XID table follows NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors); each code's
+class is the action it calls for on an Ampere-or-newer data-centre GPU, which is what a
+detector needs to decide.
 """
 
 from __future__ import annotations
@@ -48,6 +51,28 @@ def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
     return tuple(names)
 
 
+class RecoveryAction(enum.IntEnum):
+    """What the driver recommends doing to a GPU (``nvmlDeviceGpuRecoveryAction_t``, R550 and newer)."""
+
+    NONE = 0
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3
+    """Stop peer-to-peer traffic to this GPU (an NVLink problem), then act."""
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+
+def recovery_action_name(code: int) -> str:
+    """``RecoveryAction`` name in lower case (``gpu_reset``); a code newer than this table as its number."""
+    try:
+        return RecoveryAction(code).name.lower()
+    except ValueError:
+        return str(code)
+
+
 class XidClass(enum.Enum):
     """What an XID asks of the operator, coarsest first."""
 
@@ -87,7 +112,7 @@ XID_TABLE: Mapping[int, XidInfo] = {
         XidInfo(48, "Double-bit (uncorrectable) ECC error in GPU memory", _R),
         XidInfo(61, "Internal micro-controller breakpoint or warning", _R),
         XidInfo(62, "Internal micro-controller halt", _R),
-        XidInfo(63, "ECC page retirement or row-remapping event recorded; applied at the next GPU reset", _R),
+        XidInfo(63, "ECC page retirement or row-remapping event recorded; applied at the next GPU reset", _P),
         XidInfo(64, "ECC page retirement or row-remapper recording failure", _R),
         XidInfo(68, "Video processor (NVDEC) exception", _A),
         XidInfo(69, "Graphics engine class error", _A),

@@ -19,7 +19,10 @@ from ridethrough.collector.nvml import (
     NvlinkCounters,
     NvmlError,
     NvmlGpuLost,
+    NvmlNotSupported,
     NvmlUnavailable,
+    RecoveryAction,
+    RetiredPages,
 )
 from ridethrough.lab.control import GpuFault
 from ridethrough.lab.fake_gpu import FakeNvmlBackend, GpuScript, ScriptError, create_fake_gpus
@@ -72,6 +75,7 @@ def per_gpu_calls(nvml: FakeNvmlBackend) -> dict[str, Callable[[int], object]]:
         "power_mw": nvml.power_mw, "sm_clock_mhz": nvml.sm_clock_mhz,
         "clock_event_reasons": nvml.clock_event_reasons, "ecc_errors": nvml.ecc_errors,
         "remapped_rows": nvml.remapped_rows, "pcie_replay_count": nvml.pcie_replay_count,
+        "recovery_action": nvml.recovery_action,
         "nvlink_count": nvml.nvlink_count, "nvlink_active": lambda i: nvml.nvlink_active(i, 0),
         "nvlink_errors": lambda i: nvml.nvlink_errors(i, 0),
     }
@@ -263,6 +267,58 @@ def test_fallen_off_bus_fails_every_call_of_that_gpu_only(path: Path, nvml: Fake
     GpuScript(path).clear(2, at_ns=T0 + 3 * S)
     clock.at(4)
     assert snapshot(nvml, 2).keys() == healthy_before.keys()
+
+
+def test_recovery_action_follows_the_faults_and_a_clear_is_the_reset(
+        path: Path, nvml: FakeNvmlBackend, clock: Clock) -> None:
+    script = GpuScript(path)
+    script.add(0, GpuFault.ECC_DBE, {}, start_ns=T0 + S)
+    script.add(1, GpuFault.XID, {"code": 95}, start_ns=T0)
+    script.add(2, GpuFault.XID, {"code": 13}, start_ns=T0)
+    script.add(3, GpuFault.ROW_REMAP_PENDING, {}, start_ns=T0)
+    assert nvml.recovery_action(0) == RecoveryAction.NONE, "not before its time"
+    clock.at(2)
+    assert [nvml.recovery_action(i) for i in range(4)] == [
+        RecoveryAction.GPU_RESET, RecoveryAction.GPU_RESET, RecoveryAction.NONE, RecoveryAction.NONE]
+    script.clear(0, at_ns=T0 + 3 * S)
+    clock.at(4)
+    assert nvml.recovery_action(0) == RecoveryAction.NONE and not nvml.remapped_rows(0).pending
+
+
+def test_an_h100_retires_no_pages_and_an_older_gpu_retires_them(tmp_path: Path, nvml: FakeNvmlBackend) -> None:
+    with pytest.raises(NvmlNotSupported) as raised:
+        nvml.retired_pages(0)
+    assert raised.value.code == pynvml.NVML_ERROR_NOT_SUPPORTED
+    old = tmp_path / "v100.json"
+    create_fake_gpus(old, 1, host="h0", seed=1, unsupported=("remapped_rows",))
+    GpuScript(old).add(0, GpuFault.ROW_REMAP_PENDING, {"rows": 2}, start_ns=T0)
+    GpuScript(old).add(0, GpuFault.ECC_DBE, {}, start_ns=T0)
+    backend = FakeNvmlBackend(old, clock=Clock(T0))
+    backend.init()
+    assert backend.retired_pages(0) == RetiredPages(single_bit=2, double_bit=1, pending=True)
+    with pytest.raises(NvmlNotSupported):
+        backend.remapped_rows(0)
+
+
+def test_unsupported_calls_are_declared_per_gpu_and_checked(tmp_path: Path, clock: Clock) -> None:
+    target = tmp_path / "gpus.json"
+    create_fake_gpus(target, 2, host="h0", seed=1, unsupported=("serial", "nvlink_errors"))
+    assert [g.unsupported for g in GpuScript(target).script().gpus] == [("serial", "nvlink_errors")] * 2
+    GpuScript(target).add(1, GpuFault.FALLEN_OFF_BUS, {}, start_ns=T0)
+    backend = FakeNvmlBackend(target, clock=clock)
+    backend.init()
+    for call in (lambda: backend.serial(0), lambda: backend.nvlink_errors(0, 3)):
+        with pytest.raises(NvmlNotSupported):
+            call()
+    assert backend.nvlink_active(0, 3) and backend.uuid(0)
+    with pytest.raises(NvmlGpuLost):
+        backend.serial(1)  # a lost GPU is lost before anything else
+    with pytest.raises(ScriptError, match=r"unknown call\(s\) \['fan_speed'\]"):
+        create_fake_gpus(target, 1, host="h0", unsupported=("fan_speed",))
+    raw = json.loads(target.read_text())
+    del raw["gpus"][0]["unsupported"]
+    target.write_text(json.dumps(raw))
+    assert GpuScript(target).script().gpus[0].unsupported == (), "scripts written before the key still load"
 
 
 def test_clear_drops_faults_not_started_yet(path: Path, nvml: FakeNvmlBackend, clock: Clock) -> None:

@@ -22,14 +22,18 @@ from ridethrough.collector.nvml import (
     NvmlNotSupported,
     NvmlUnavailable,
     PynvmlBackend,
+    RecoveryAction,
     RemappedRows,
+    RetiredPages,
     Utilization,
     XidClass,
     decode_clock_event_reasons,
     nvml_error,
+    recovery_action_name,
     xid_info,
 )
 from ridethrough.lab.fake_gpu import FakeNvmlBackend, create_fake_gpus
+from ridethrough.lab.fake_gpu_state import PER_GPU_CALLS
 
 
 def _nvml_loads() -> bool:
@@ -126,6 +130,60 @@ def test_wait_xid_maps_nvml_events_to_gpus(monkeypatch: pytest.MonkeyPatch) -> N
     assert freed == ["set"]
 
 
+def _field_values(monkeypatch: pytest.MonkeyPatch, answers: dict[int, tuple[int, int, object]]) -> list[list[int]]:
+    """Replace nvmlDeviceGetFieldValues at its edge: field id -> (nvmlReturn, valueType, value)."""
+    asked: list[list[int]] = []
+
+    def get(handle: object, field_ids: list[int]) -> object:
+        asked.append(list(field_ids))
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for slot, field_id in zip(values, field_ids, strict=True):
+            ret, value_type, value = answers[field_id]
+            slot.fieldId, slot.nvmlReturn, slot.valueType = field_id, ret, value_type
+            member = {pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+                      pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal"}[value_type]
+            setattr(slot.value, member, value)
+        return values
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda index: object())
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", get)
+    return asked
+
+
+def test_field_values_are_read_by_their_value_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok, uint, ull, dbl = (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+                          pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_DOUBLE)
+    asked = _field_values(monkeypatch, {
+        pynvml.NVML_FI_DEV_RETIRED_SBE: (ok, ull, 3), pynvml.NVML_FI_DEV_RETIRED_DBE: (ok, uint, 1),
+        pynvml.NVML_FI_DEV_RETIRED_PENDING: (ok, dbl, 1.0),
+        pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (ok, uint, RecoveryAction.GPU_RESET),
+        pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: (ok, uint, 18),
+    })
+    backend = PynvmlBackend()
+    assert backend.retired_pages(0) == RetiredPages(single_bit=3, double_bit=1, pending=True)
+    assert backend.recovery_action(0) == RecoveryAction.GPU_RESET and backend.nvlink_count(0) == 18
+    assert len(asked[0]) == 3, "the three retired-page fields in one call"
+
+
+def test_a_field_the_gpu_lacks_raises_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _field_values(monkeypatch, {
+        pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (pynvml.NVML_ERROR_NOT_SUPPORTED, 1, 0),
+        pynvml.NVML_FI_DEV_RETIRED_SBE: (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 0),
+        pynvml.NVML_FI_DEV_RETIRED_DBE: (pynvml.NVML_ERROR_GPU_IS_LOST, 1, 0),
+        pynvml.NVML_FI_DEV_RETIRED_PENDING: (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 0),
+    })
+    with pytest.raises(NvmlNotSupported):
+        PynvmlBackend().recovery_action(0)
+    with pytest.raises(NvmlGpuLost):
+        PynvmlBackend().retired_pages(0)
+
+
+def test_recovery_actions_are_nvmls() -> None:
+    for action in RecoveryAction:
+        assert getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{action.name}") == action.value
+    assert recovery_action_name(4) == "drain_and_reset" and recovery_action_name(99) == "99"
+
+
 def test_clock_event_reason_bits_are_pynvmls() -> None:
     expected = {
         "GpuIdle": pynvml.nvmlClocksEventReasonGpuIdle,
@@ -157,7 +215,7 @@ def test_xid_table_covers_the_fleet_xids_with_their_classes() -> None:
     assert classes[13] is classes[31] is classes[43] is XidClass.APPLICATION_ERROR
     assert classes[48] is classes[74] is classes[95] is classes[119] is XidClass.GPU_RESET
     assert classes[79] is XidClass.NODE_REBOOT
-    assert classes[92] is XidClass.PRECURSOR
+    assert classes[63] is classes[92] is XidClass.PRECURSOR
     assert classes[45] is XidClass.INFORMATIONAL
     assert "fallen off the bus" in xid_info(79).meaning and "Double-bit" in xid_info(48).meaning
     assert set(classes.values()) == set(XidClass) - {XidClass.UNKNOWN}
@@ -170,7 +228,9 @@ def test_both_backends_satisfy_the_protocol(tmp_path: Path) -> None:
     real: NvmlBackend = PynvmlBackend()
     assert isinstance(fake, NvmlBackend) and isinstance(real, NvmlBackend)
     members = {name for name, _ in inspect.getmembers(NvmlBackend, inspect.isfunction) if not name.startswith("_")}
-    assert "wait_xid" in members and len(members) == 21
+    assert "wait_xid" in members and len(members) == 23
+    per_gpu = {name for name in members if "index" in inspect.signature(getattr(NvmlBackend, name)).parameters}
+    assert per_gpu == PER_GPU_CALLS, "a fake GPU can declare any per-GPU call unsupported, and only those"
     for cls in (FakeNvmlBackend, PynvmlBackend):
         for name in members:
             mine, theirs = inspect.signature(getattr(cls, name)), inspect.signature(getattr(NvmlBackend, name))
@@ -189,7 +249,7 @@ def test_real_backend_on_a_real_gpu() -> None:
             "uuid": str, "name": str, "serial": str, "pci_bus_id": str, "utilization": Utilization,
             "memory": MemoryInfo, "temperature_c": int, "power_mw": int, "sm_clock_mhz": int,
             "clock_event_reasons": int, "ecc_errors": EccCounts, "remapped_rows": RemappedRows,
-            "pcie_replay_count": int, "nvlink_count": int,
+            "pcie_replay_count": int, "nvlink_count": int, "retired_pages": RetiredPages, "recovery_action": int,
         }
         for name, kind in expected.items():
             with contextlib.suppress(NvmlNotSupported):

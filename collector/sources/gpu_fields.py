@@ -1,0 +1,288 @@
+"""One GPU's fields: read them through an `NvmlBackend`, turn them into samples.
+
+`GpuReader` is the only part that talks to NVML. It asks each GPU for every field once a
+tick and remembers the calls a GPU does not support (``NVML_ERROR_NOT_SUPPORTED``): each is
+logged once and never asked again. Any other NVML error skips that one field for that
+tick and is counted; `NvmlGpuLost` is left to the caller, which reports the GPU as failed.
+
+`samples_of` and `health_state` are pure: a `GpuReading` in, samples or a state out.
+Metric names, units and attributes are catalogued in ``ridethrough/metrics/gpu.yaml``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from ridethrough.collector.counters import CounterTracker
+from ridethrough.collector.nvml import (
+    ClockEventReason,
+    EccCounts,
+    MemoryInfo,
+    NvlinkCounters,
+    NvmlBackend,
+    NvmlError,
+    NvmlGpuLost,
+    NvmlNotSupported,
+    RecoveryAction,
+    RemappedRows,
+    RetiredPages,
+    Utilization,
+    decode_clock_event_reasons,
+    recovery_action_name,
+)
+from ridethrough.collector.sample import MetricKind, Sample
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+UNKNOWN: Final = "unknown"
+"""The value of an identity attribute NVML could not tell (a serial on a consumer board, a GPU lost at start)."""
+GPU_ATTRIBUTES: Final = ("hw.id", "hw.type", "hw.vendor", "hw.model", "hw.serial_number", "gpu.index",
+                         "gpu.pci_bus_id")
+"""The attribute keys every GPU sample and event carries."""
+HEALTH_STATES: Final = ("ok", "degraded", "predicted_failure", "failed")
+"""``hw.state`` values of ``hw.status``, best first (OTel's well-known values for a GPU)."""
+
+_DEGRADING_REASONS: Final = (ClockEventReason.HwSlowdown | ClockEventReason.SwThermalSlowdown
+                             | ClockEventReason.HwThermalSlowdown | ClockEventReason.HwPowerBrakeSlowdown)
+"""Clock event reasons that mean the GPU runs slower than it should (power capping under load does not)."""
+_REASON_NAMES: Final = frozenset(str(reason.name) for reason in ClockEventReason)
+_LOSS_ACTIONS: Final = frozenset(RecoveryAction) - {RecoveryAction.NONE, RecoveryAction.DRAIN_P2P}
+"""Recovery actions after which the GPU runs no work until someone acts (reset, reboot, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """Who a GPU is: its attributes on every sample and event."""
+
+    index: int
+    uuid: str = UNKNOWN
+    model: str = UNKNOWN
+    serial: str = UNKNOWN
+    pci_bus_id: str = UNKNOWN
+
+    def attributes(self) -> dict[str, str]:
+        """`GPU_ATTRIBUTES` with their values: OTel's ``hw.*`` where they exist, ``gpu.*`` for the rest."""
+        return {"hw.id": self.uuid, "hw.type": "gpu", "hw.vendor": "NVIDIA", "hw.model": self.model,
+                "hw.serial_number": self.serial, "gpu.index": str(self.index) if self.index >= 0 else UNKNOWN,
+                "gpu.pci_bus_id": self.pci_bus_id}
+
+
+@dataclass(frozen=True, slots=True)
+class LinkReading:
+    """One NVLink: whether it is up, and its error counters (None where NVML would not say)."""
+
+    up: bool | None
+    errors: NvlinkCounters | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """Everything read from one GPU in one tick; None for a field that is unsupported or failed."""
+
+    utilization: Utilization | None = None
+    memory: MemoryInfo | None = None
+    temperature_c: int | None = None
+    power_mw: int | None = None
+    sm_clock_mhz: int | None = None
+    clock_event_reasons: int | None = None
+    ecc: EccCounts | None = None
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    pcie_replay_count: int | None = None
+    recovery_action: int | None = None
+    links: Mapping[int, LinkReading] = field(default_factory=dict)
+    links_lost: int = 0
+    """Links that were up earlier and are down now."""
+
+
+class GpuReader:
+    """Reads GPUs through a backend, asking each GPU only what it supports."""
+
+    def __init__(self, backend: NvmlBackend) -> None:
+        self._nvml = backend
+        self._unsupported: set[tuple[int, str]] = set()
+        self._links: dict[int, int] = {}
+        self._links_seen_up: set[tuple[int, int]] = set()
+        self.errors_total = 0
+        """NVML errors other than NOT_SUPPORTED and GPU_IS_LOST: each skipped one field once."""
+
+    @property
+    def unsupported(self) -> frozenset[tuple[int, str]]:
+        """(GPU index, call) pairs NVML answered NOT_SUPPORTED: never asked again."""
+        return frozenset(self._unsupported)
+
+    def identity(self, index: int) -> tuple[GpuIdentity, bool]:
+        """The GPU's identity, and whether it is complete (no field failed for a reason that may pass)."""
+        calls = {"uuid": self._nvml.uuid, "name": self._nvml.name, "serial": self._nvml.serial,
+                 "pci_bus_id": self._nvml.pci_bus_id}
+        values = {call: self._ask(index, call, read) for call, read in calls.items()}
+        complete = all(v is not None or (index, call) in self._unsupported for call, v in values.items())
+        uuid, model, serial, bus = (v or UNKNOWN for v in values.values())
+        return GpuIdentity(index, uuid, model, serial, bus), complete
+
+    def read(self, index: int) -> GpuReading:
+        """Read every field of GPU ``index``; raises `NvmlGpuLost` if it has fallen off the bus."""
+        nvml = self._nvml
+        links = self._read_links(index)
+        return GpuReading(
+            utilization=self._ask(index, "utilization", nvml.utilization),
+            memory=self._ask(index, "memory", nvml.memory),
+            temperature_c=self._ask(index, "temperature_c", nvml.temperature_c),
+            power_mw=self._ask(index, "power_mw", nvml.power_mw),
+            sm_clock_mhz=self._ask(index, "sm_clock_mhz", nvml.sm_clock_mhz),
+            clock_event_reasons=self._ask(index, "clock_event_reasons", nvml.clock_event_reasons),
+            ecc=self._ask(index, "ecc_errors", nvml.ecc_errors),
+            remapped_rows=self._ask(index, "remapped_rows", nvml.remapped_rows),
+            retired_pages=self._ask(index, "retired_pages", nvml.retired_pages),
+            pcie_replay_count=self._ask(index, "pcie_replay_count", nvml.pcie_replay_count),
+            recovery_action=self._ask(index, "recovery_action", nvml.recovery_action),
+            links=links,
+            links_lost=sum(1 for link, r in links.items() if r.up is False and (index, link) in self._links_seen_up),
+        )
+
+    def _read_links(self, index: int) -> dict[int, LinkReading]:
+        count = self._links.get(index)
+        if count is None:
+            count = self._ask(index, "nvlink_count", self._nvml.nvlink_count)
+            if count is None:
+                return {}
+            self._links[index] = count
+        links: dict[int, LinkReading] = {}
+        for link in range(count):
+            up = self._ask(index, f"nvlink_active[{link}]", self._nvml.nvlink_active, link)
+            errors = self._ask(index, f"nvlink_errors[{link}]", self._nvml.nvlink_errors, link)
+            if up:
+                self._links_seen_up.add((index, link))
+            links[link] = LinkReading(up, errors)
+        return links
+
+    def _ask(self, index: int, call: str, read: Callable[..., _T], *args: int) -> _T | None:
+        if (index, call) in self._unsupported:
+            return None
+        try:
+            return read(index, *args)
+        except NvmlGpuLost:
+            raise
+        except NvmlNotSupported as err:
+            self._unsupported.add((index, call))
+            _log.info("gpu %d: %s is not supported (%s); not asking again", index, call, err)
+        except NvmlError as err:
+            self.errors_total += 1
+            # debug, not warning: a field that keeps failing would otherwise log every tick
+            _log.debug("gpu %d: %s failed this tick: %s", index, call, err)
+        return None
+
+
+def health_state(reading: GpuReading) -> str:
+    """The GPU's ``hw.state``: failed, predicted_failure, degraded or ok (a lost GPU is failed, elsewhere).
+
+    failed: the driver asks for a reset or reboot, or a row remap failed; predicted_failure:
+    a row remap or page retirement waits for the next reset; degraded: clocks held down by heat
+    or a hardware slowdown, an NVLink that was up is down, or the driver asks to drain P2P.
+    """
+    action = reading.recovery_action or RecoveryAction.NONE
+    rows, pages = reading.remapped_rows, reading.retired_pages
+    if action in _LOSS_ACTIONS or (rows is not None and rows.failure):
+        return "failed"
+    if (rows is not None and rows.pending) or (pages is not None and pages.pending):
+        return "predicted_failure"
+    reasons = reading.clock_event_reasons or 0
+    if action != RecoveryAction.NONE or reasons & _DEGRADING_REASONS or reading.links_lost:
+        return "degraded"
+    return "ok"
+
+
+def status_samples(attrs: Mapping[str, str], state: str) -> list[Sample]:
+    """``hw.status``: one series per `HEALTH_STATES` value, 1 for the GPU's state and 0 for the others."""
+    return [_gauge("hw.status", "1", {**attrs, "hw.state": s}, s == state) for s in HEALTH_STATES]
+
+
+def samples_of(reading: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> list[Sample]:
+    """Every sample of one GPU's reading; counters go through ``counters`` so they never go down."""
+    return [*_load(reading, attrs), *_clocks(reading, attrs), *_memory_health(reading, attrs, counters),
+            *_links(reading, attrs, counters), *_recovery(reading, attrs),
+            *status_samples(attrs, health_state(reading))]
+
+
+def _gauge(name: str, unit: str, attrs: Mapping[str, str], value: float) -> Sample:
+    return Sample(name, float(value), MetricKind.GAUGE, unit, dict(attrs))
+
+
+def _counter(counters: CounterTracker, name: str, unit: str, attrs: Mapping[str, str], raw: int) -> Sample:
+    return Sample(name, float(counters.observe(name, attrs, raw)), MetricKind.COUNTER, unit, dict(attrs))
+
+
+def _load(r: GpuReading, attrs: Mapping[str, str]) -> Iterator[Sample]:
+    if r.utilization is not None:
+        yield _gauge("hw.gpu.utilization", "1", {**attrs, "hw.gpu.task": "general"}, r.utilization.gpu_percent / 100)
+        yield _gauge("ridethrough.gpu.memory_controller.utilization", "1", attrs, r.utilization.memory_percent / 100)
+    if r.memory is not None:
+        yield _gauge("hw.gpu.memory.usage", "By", attrs, r.memory.used_bytes)
+        yield _gauge("hw.gpu.memory.limit", "By", attrs, r.memory.total_bytes)
+    if r.temperature_c is not None:
+        yield _gauge("hw.temperature", "Cel", attrs, r.temperature_c)
+    if r.power_mw is not None:
+        yield _gauge("hw.power", "W", attrs, r.power_mw / 1000)
+
+
+def _clocks(r: GpuReading, attrs: Mapping[str, str]) -> Iterator[Sample]:
+    if r.sm_clock_mhz is not None:
+        yield _gauge("ridethrough.gpu.clock.sm", "MHz", attrs, r.sm_clock_mhz)
+    if r.clock_event_reasons is None:
+        return
+    mask = r.clock_event_reasons
+    yield _gauge("ridethrough.gpu.clock_event_reasons", "1", attrs, mask)
+    active = set(decode_clock_event_reasons(mask))
+    # every known reason as 0 or 1, so a reason that ends shows as a drop to 0, not a gap
+    for name in [*(str(reason.name) for reason in ClockEventReason), *sorted(active - _REASON_NAMES)]:
+        yield _gauge("ridethrough.gpu.clock_event_reason", "1", {**attrs, "gpu.clock_event_reason": name},
+                     name in active)
+
+
+def _memory_health(r: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> Iterator[Sample]:
+    def by_type(name: str, unit: str, corrected: int, uncorrected: int) -> Iterator[Sample]:
+        yield _counter(counters, name, unit, {**attrs, "error.type": "corrected"}, corrected)
+        yield _counter(counters, name, unit, {**attrs, "error.type": "uncorrected"}, uncorrected)
+
+    if r.ecc is not None:
+        yield from by_type("hw.errors", "{error}", r.ecc.corrected_volatile, r.ecc.uncorrected_volatile)
+        yield from by_type("ridethrough.gpu.ecc.aggregate", "{error}", r.ecc.corrected_aggregate,
+                           r.ecc.uncorrected_aggregate)
+    if r.remapped_rows is not None:
+        rows = r.remapped_rows
+        yield from by_type("ridethrough.gpu.memory.remapped_rows", "{row}", rows.corrected, rows.uncorrected)
+        yield _gauge("ridethrough.gpu.memory.remap_pending", "1", attrs, rows.pending)
+        yield _gauge("ridethrough.gpu.memory.remap_failure", "1", attrs, rows.failure)
+    if r.retired_pages is not None:
+        pages = r.retired_pages
+        yield from by_type("ridethrough.gpu.memory.retired_pages", "{page}", pages.single_bit, pages.double_bit)
+        yield _gauge("ridethrough.gpu.memory.retirement_pending", "1", attrs, pages.pending)
+    if r.pcie_replay_count is not None:
+        yield _counter(counters, "ridethrough.gpu.pcie.replays", "{replay}", attrs, r.pcie_replay_count)
+
+
+def _links(r: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> Iterator[Sample]:
+    for link, reading in sorted(r.links.items()):
+        link_attrs = {**attrs, "gpu.nvlink": str(link)}
+        if reading.up is not None:
+            yield _gauge("ridethrough.gpu.nvlink.up", "1", link_attrs, reading.up)
+        if reading.errors is None:
+            continue
+        e = reading.errors
+        for kind, raw in (("crc_flit", e.crc_flit), ("crc_data", e.crc_data), ("replay", e.replay),
+                          ("recovery", e.recovery)):
+            yield _counter(counters, "ridethrough.gpu.nvlink.errors", "{error}", {**link_attrs, "error.type": kind},
+                           raw)
+
+
+def _recovery(r: GpuReading, attrs: Mapping[str, str]) -> Iterator[Sample]:
+    if r.recovery_action is None:
+        return
+    current = recovery_action_name(r.recovery_action)
+    names = [recovery_action_name(a) for a in RecoveryAction]
+    for name in names if current in names else [*names, current]:
+        yield _gauge("ridethrough.gpu.recovery_action", "1", {**attrs, "gpu.recovery_action": name}, name == current)

@@ -65,6 +65,18 @@ def _idle_nics(nics: list[str]) -> Callable[[], Mapping[str, NicStats]]:
     return lambda: {n: NicStats(0, 0, 0, 0) for n in nics}
 
 
+def agent_env(host_dir: Path) -> dict[str, str]:
+    """What a lab host's agent reads besides its flags: fake GPUs and the job endpoint, when present."""
+    sources = ["netdev", "infiniband"]
+    env = {"RIDETHROUGH_AGENT_JOB_SOCKET": str(host_dir / "job.sock")}
+    if (host_dir / "gpus.json").exists():
+        sources.append("gpu")
+        env["RIDETHROUGH_AGENT_GPU_SCRIPT"] = str(host_dir / "gpus.json")
+    sources.append("job")
+    env["RIDETHROUGH_AGENT_SOURCES"] = ",".join(sources)
+    return env
+
+
 class Supervisor:
     """Runs a lab's long-lived processes and timers from its state file."""
 
@@ -83,8 +95,9 @@ class Supervisor:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def _spawn(self, key: str, argv: list[str], *, ns: str | None, cgroup: str | None) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def _spawn(self, key: str, argv: list[str], *, ns: str | None, cgroup: str | None,
+               env_extra: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
         with open(self.logs / f"{key.replace(':', '-')}.log", "ab") as out:
             proc = netns.popen(ns, argv, cgroup=None if cgroup is None else Path(cgroup), stdin=subprocess.DEVNULL,
                                stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -128,7 +141,7 @@ class Supervisor:
                 sys.executable, "-m", "ridethrough", "agent", "--gateway", gateway, "--node-id", host,
                 "--cluster", self.state["name"], "--rack", f"rack{info['rack']}",
                 "--sysfs-root", str(d / "sysfs"), "--clock-script", str(d / "clock.json")],
-                ns=info.get("ns"), cgroup=info.get("cgroup"))
+                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(d))
 
     def reap(self) -> None:
         """Log (once) every child that exited; none is restarted."""

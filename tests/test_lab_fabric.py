@@ -335,8 +335,8 @@ def left_behind(before: dict[str, set[str]], after: dict[str, set[str]], name: s
             if any(name in x or prefix in x for x in after[k] - before[k])}
 
 
-def _store_rows(store_http: str) -> dict[str, int]:
-    sql = ("SELECT ResourceAttributes['ridethrough.node.id'] AS n, count() FROM otel_metrics_sum GROUP BY n "
+def _store_rows(store_http: str, table: str = "otel_metrics_sum", where: str = "1") -> dict[str, int]:
+    sql = (f"SELECT ResourceAttributes['ridethrough.node.id'] AS n, count() FROM {table} WHERE {where} GROUP BY n "
            "FORMAT JSONCompact")
     with urllib.request.urlopen(f"{store_http}/?query={urllib.parse.quote(sql)}", timeout=5) as r:
         return {str(n): int(c) for n, c in json.loads(r.read())["data"]}
@@ -352,6 +352,9 @@ def test_agents_report_and_nothing_is_left_after_a_killed_supervisor_and_lab_dow
     try:
         store = lab.server["store_http"]
         wait_for(lambda: set(_store_rows(store)) >= {"h0", "h1"}, timeout_s=60, what="both agents' rows")
+        gpu_rows = wait_for(lambda: _store_rows(store, "otel_metrics_gauge", "MetricName = 'hw.gpu.utilization'"),
+                            timeout_s=30, what="fake GPU rows")
+        assert set(gpu_rows) == {"h0", "h1"}, "each host's agent reads its own fake GPUs"
         job = lab.exec("h1", SLEEPER, job=True)
         sup = procs.ProcRef.from_json(lab.state()["processes"]["supervisor"])
         os.kill(sup.pid, signal.SIGKILL)

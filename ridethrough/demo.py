@@ -79,7 +79,7 @@ def run(*, data_dir: Path, duration_s: float | None) -> int:
         console.print(f"  ridethrough query --store {url} "
                       "\"SELECT MetricName, count() FROM otel_metrics_sum GROUP BY MetricName\"", soft_wrap=True)
         node: Agent = build_agent(AgentConfig(gateway=server.addresses["otlp"], cluster="demo",
-                                              export_interval_s=1.0))
+                                              export_interval_s=1.0, job_socket=str(data_dir / "job.sock")))
         node.start()
         started = time.monotonic()
         first: list[float] = []

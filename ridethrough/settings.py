@@ -125,8 +125,8 @@ class AgentConfig:
         "Extra resource attributes, KEY=VALUE,... in env and flags."))
     sysfs_root: str = field(default="/sys", metadata=_help(
         "Where sysfs is mounted; point it at a captured tree to replay one."))
-    sources: tuple[str, ...] = field(default=("netdev", "infiniband"), metadata=_help(
-        "Sources to sample, comma-separated in env and flags."))
+    sources: tuple[str, ...] = field(default=("netdev", "infiniband", "ethtool", "gpu", "job"), metadata=_help(
+        "Sources to sample, comma-separated in env and flags (a source with nothing to read stays idle)."))
     interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
     clock_script: str = field(default="", metadata=_help(
         "A lab host's clock file (offset, drift, steps); empty reads the system clock."))

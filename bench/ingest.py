@@ -17,6 +17,7 @@ Human-readable progress goes to stderr; the last line on stdout is one JSON obje
 Run: ``.venv/bin/python bench/ingest.py [--quick]``.
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -24,83 +25,34 @@ import json
 import math
 import multiprocessing as mp
 import os
-import queue
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing.context import SpawnContext
-from multiprocessing.process import BaseProcess
-from multiprocessing.queues import Queue
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _otlp_load import make_request
+from _ingest_ceiling import CeilingRun, ceiling_main, stored_points
+from _ingest_clients import RPC_TIMEOUT_S, STARTUP_TIMEOUT_S, ClientResult, Clients, Plan
+from _procs import cpu_by_thread, machine_busy_cpu_s, poll, proc_cpu_s, scrape, thread_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
-METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-BASE_TIME_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: every run writes the same partition
 PHASES = ("ceiling", "gateway", "ceiling")
 TARGET_PER_CORE = 100_000.0
 TARGET_CEILING_RATIO = 0.40
-STARTUP_TIMEOUT_S = 60.0
-RPC_TIMEOUT_S = 60.0
-COUNT_SQL = "SELECT (SELECT count() FROM otel_metrics_gauge) + (SELECT count() FROM otel_metrics_sum)"
 T = TypeVar("T")
 
 
 def log(message: str) -> None:
     """One progress line on stderr."""
     print(f"[ingest {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# -- the plan ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one benchmark run sends, and the gateway settings it runs under."""
-
-    points_per_request: int
-    requests: int
-    clients: int
-    inflight: int
-    pool: int
-    batch_max_rows: int
-    batch_max_age_s: float
-    workers: int
-    quick: bool
-
-    @property
-    def datapoints(self) -> int:
-        """Points sent in the timed window (warm-up requests excluded)."""
-        return self.requests * self.points_per_request
-
-    @property
-    def batch_requests(self) -> int:
-        """Requests per insert batch: the fewest whose points reach ``batch_max_rows``."""
-        return max(1, math.ceil(self.batch_max_rows / self.points_per_request))
-
-    def requests_of(self, client: int) -> int:
-        """Client ``client``'s share of the timed requests."""
-        share, extra = divmod(self.requests, self.clients)
-        return share + (1 if client < extra else 0)
-
-    def gateway_env(self) -> dict[str, str]:
-        """The gateway settings this run uses, as the environment variables it reads."""
-        return {"RIDETHROUGH_GATEWAY_BATCH_MAX_ROWS": str(self.batch_max_rows),
-                "RIDETHROUGH_GATEWAY_BATCH_MAX_AGE_S": str(self.batch_max_age_s),
-                "RIDETHROUGH_GATEWAY_WORKERS": str(self.workers)}
 
 
 def parse_args(argv: list[str] | None = None) -> Plan:
@@ -129,76 +81,7 @@ def parse_args(argv: list[str] | None = None) -> Plan:
                 batch_max_age_s=args.batch_max_age_s, workers=max(16, in_flight), quick=args.quick)
 
 
-def client_pool(plan: Plan, client: int) -> list[bytes]:
-    """Client ``client``'s distinct requests, serialised; every process builds the same ones."""
-    out = []
-    for j in range(plan.pool):
-        node = client * plan.pool + j
-        req = make_request(node=node, points=plan.points_per_request, t_ns=BASE_TIME_NS + node * 10**6, seed=node)
-        out.append(req.SerializeToString())
-    return out
-
-
-def send_order(plan: Plan) -> Iterator[tuple[int, int]]:
-    """(client, pool index) of every timed request, clients taking turns as they do when racing."""
-    for i in range(max(plan.requests_of(c) for c in range(plan.clients))):
-        for c in range(plan.clients):
-            if i < plan.requests_of(c):
-                yield c, i % plan.pool
-
-
-# -- gateway side: the process, its CPU time and its metrics -------------------------------
-
-
-def stat_cpu_s(stat_path: Path) -> float:
-    """User + system CPU seconds from a /proc ``stat`` file (a process's counts all its threads)."""
-    stat = stat_path.read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # fields from 3 (state) on; comm may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of every thread of ``pid`` so far."""
-    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
-
-
-def machine_busy_cpu_s() -> float:
-    """CPU seconds every process on this machine has used since boot (all of /proc/stat's busy time)."""
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (
-        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds so far of ``pid``'s live threads, summed by thread name (Python's are all 'python')."""
-    out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            out[name] = out.get(name, 0.0) + stat_cpu_s(task / "stat")
-        except OSError:  # the thread ended between listing and reading
-            continue
-    return out
-
-
-def cpu_by_thread(before: dict[str, float], after: dict[str, float], total_s: float) -> dict[str, float]:
-    """Where the window's CPU went, by thread name; 'ended threads' is what live threads do not explain."""
-    delta = {name: after[name] - before.get(name, 0.0) for name in after}
-    shown = {name: round(v, 2) for name, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.01}
-    shown["ended threads"] = round(max(0.0, total_s - sum(delta.values())), 2)
-    return shown
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Unlabelled samples and per-label sums of a Prometheus text page, by metric name."""
-    out: dict[str, float] = {}
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                sample, _, value = line.rpartition(" ")
-                name = sample.split("{", 1)[0]
-                out[name] = out.get(name, 0.0) + float(value)
-    return out
+# -- the gateway process -------------------------------------------------------------------
 
 
 class GatewayProcess:
@@ -262,137 +145,6 @@ class GatewayProcess:
                 self._popen.kill()
                 self._popen.wait(10)
         return self._popen.returncode
-
-
-def poll(predicate: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.05) -> T:
-    """The first truthy result of ``predicate``, polled until ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-# -- client processes ----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Tally:
-    """What one client's calls came back with."""
-
-    ok_requests: int = 0
-    ok_points: int = 0
-    rejected_points: int = 0
-    errors: Counter[str] = field(default_factory=Counter)
-
-
-@dataclass(slots=True)
-class ClientResult:
-    """One client's timed window: its tally, its CPU time and its warm-up points."""
-
-    client: int
-    tally: Tally
-    cpu_s: float
-    warmup_points: int
-
-
-def send_all(call: Any, pool: list[bytes], n: int, *, inflight: int, points: int) -> Tally:
-    """Send ``n`` requests cycling through ``pool``, ``inflight`` at a time; wait for every answer."""
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-
-    tally, lock, slots = Tally(), threading.Lock(), threading.Semaphore(inflight)
-
-    def done(future: Any) -> None:
-        try:
-            rejected = ExportMetricsServiceResponse.FromString(future.result()).partial_success.rejected_data_points
-            with lock:
-                tally.ok_requests += 1
-                tally.ok_points += points - rejected
-                tally.rejected_points += rejected
-        except Exception as exc:  # an RpcError (or a bad response): counted, the run is then invalid
-            code = exc.code().name if hasattr(exc, "code") else type(exc).__name__
-            with lock:
-                tally.errors[code] += 1
-        finally:
-            slots.release()
-
-    for i in range(n):
-        slots.acquire()
-        call.future(pool[i % len(pool)], timeout=RPC_TIMEOUT_S).add_done_callback(done)
-    for _ in range(inflight):
-        slots.acquire()
-    return tally
-
-
-def client_main(plan: Plan, client: int, target: str, go: Event, out: Queue[tuple[str, Any]]) -> None:
-    """A client process: build its requests, warm up, report ready, send on ``go``, report."""
-    try:
-        import grpc
-
-        pool = client_pool(plan, client)
-        with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
-            grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
-            call = channel.unary_unary(METRICS_EXPORT, request_serializer=None, response_deserializer=None)
-            warmup = send_all(call, pool[:1], 1, inflight=1, points=plan.points_per_request)
-            if warmup.errors or warmup.rejected_points:
-                raise RuntimeError(f"warm-up request failed: {warmup}")
-            out.put(("ready", client))
-            go.wait()
-            cpu0 = time.process_time()
-            tally = send_all(call, pool, plan.requests_of(client), inflight=plan.inflight,
-                             points=plan.points_per_request)
-            out.put(("done", ClientResult(client, tally, time.process_time() - cpu0, warmup.ok_points)))
-    except BaseException as exc:  # the parent must hear of any failure, or it waits for nothing
-        out.put(("error", f"client {client}: {exc!r}"))
-        raise
-
-
-class Clients:
-    """The client processes of one gateway phase; terminated on exit if still running."""
-
-    def __init__(self, ctx: SpawnContext, plan: Plan, target: str) -> None:
-        self._plan = plan
-        self._out: Queue[tuple[str, Any]] = ctx.Queue()
-        self.go = ctx.Event()
-        self._procs: list[BaseProcess] = [
-            ctx.Process(target=client_main, args=(plan, c, target, self.go, self._out), name=f"ingest-client-{c}")
-            for c in range(plan.clients)]
-
-    def __enter__(self) -> Clients:
-        for p in self._procs:
-            p.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self._procs:
-            if p.is_alive():
-                p.terminate()
-            p.join(10)
-
-    def collect(self, kind: str, timeout_s: float) -> list[Any]:
-        """One ``kind`` message from every client; raises on a client's error, death or the deadline."""
-        deadline = time.monotonic() + timeout_s
-        got: list[Any] = []
-        while len(got) < self._plan.clients:
-            try:
-                tag, payload = self._out.get(timeout=0.5)
-            except queue.Empty:
-                self._check(kind, deadline)
-                continue
-            if tag == "error":
-                raise RuntimeError(payload)
-            if tag == kind:
-                got.append(payload)
-        return got
-
-    def _check(self, kind: str, deadline: float) -> None:
-        dead = [p.name for p in self._procs if p.exitcode not in (None, 0)]
-        if dead:
-            raise RuntimeError(f"client process(es) {dead} died before reporting {kind!r}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for every client to report {kind!r}")
 
 
 # -- gateway phase -------------------------------------------------------------------------
@@ -460,12 +212,6 @@ def summarise(results: list[ClientResult], *, wall_s: float, cpu_s: float, befor
         insert_s=delta("ridethrough_gateway_batch_insert_seconds_sum"), exit_code=exit_code)
 
 
-def stored_points(store: Any) -> int:
-    """Rows in the tables the benchmark's gauge and sum points go to."""
-    _, rows = store.query(COUNT_SQL)
-    return int(rows[0][0])
-
-
 def count_rows(dsn: str) -> int:
     """Rows in the gauge and sum tables of the store at ``dsn`` (run in a fresh process)."""
     from ridethrough.exporters.store import Store
@@ -481,80 +227,6 @@ def in_fresh_process(ctx: SpawnContext, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a new process (chDB opens one store path per process, once)."""
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         return pool.submit(fn, *args).result()
-
-
-# -- ceiling phase -------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class CeilingRun:
-    """Direct columnar inserts of the same rows, in the same batch size."""
-
-    rows: int
-    batches: int
-    elapsed_s: float
-    cpu_s: float
-    stored_rows: int
-
-    @property
-    def datapoints_per_s(self) -> float:
-        """Rows inserted per second of `Store.insert_columns`."""
-        return self.rows / self.elapsed_s
-
-
-def ceiling_batches(plan: Plan) -> list[Any]:
-    """The timed requests as converted `Rows` batches, in send order; equal batches are one object."""
-    from ridethrough.exporters.rows import Limits, Rejections, Rows
-    from ridethrough.exporters.signals import Signal
-
-    pools = [client_pool(plan, c) for c in range(plan.clients)]
-    converted: dict[tuple[int, int], Any] = {}
-    for c, pool in enumerate(pools):
-        for j, raw in enumerate(pool):
-            rows, rej = Rows(), Rejections()
-            Signal.METRICS.convert(raw, Limits(), rows, rej)
-            if rej.count:
-                raise RuntimeError(f"the converter rejected {rej.count} points: {rej.message()}")
-            converted[c, j] = rows
-    order = list(send_order(plan))
-    merged: dict[tuple[tuple[int, int], ...], Any] = {}
-    batches = []
-    for i in range(0, len(order), plan.batch_requests):
-        key = tuple(order[i:i + plan.batch_requests])
-        if key not in merged:
-            merged[key] = Rows()
-            for item in key:
-                merged[key].extend(converted[item])
-        batches.append(merged[key])
-    return batches
-
-
-def insert_batch(store: Any, rows: Any) -> None:
-    """Insert one batch table by table, each with its own token, as the gateway does."""
-    from ridethrough.exporters.schema import TABLES_BY_NAME
-
-    token = uuid.uuid4().hex
-    for name, count in rows.counts.items():
-        if count:
-            table = TABLES_BY_NAME[name]
-            store.insert_columns(table, rows.ordered(table), token=f"{token}:{name}")
-
-
-def ceiling_main(plan: Plan, store_path: str) -> CeilingRun:
-    """A ceiling run (in a fresh process): prepare outside the clock, time only the inserts."""
-    from ridethrough.exporters.store import Store
-
-    batches = ceiling_batches(plan)
-    store = Store(f"chdb://{store_path}")
-    store.init_schema()
-    insert_batch(store, batches[0])  # warm-up: the first insert loads the serialisation code paths
-    warmup_rows = batches[0].total
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for rows in batches:
-        insert_batch(store, rows)
-    elapsed_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    return CeilingRun(rows=sum(b.total for b in batches), batches=len(batches), elapsed_s=elapsed_s, cpu_s=cpu_s,
-                      stored_rows=stored_points(store) - warmup_rows)
 
 
 # -- the report ----------------------------------------------------------------------------

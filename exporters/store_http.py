@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from email import policy
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,170 +28,21 @@ from urllib.parse import parse_qsl, urlsplit
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-logger = logging.getLogger(__name__)
-
-_READ_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS"})
-# HTTP-interface parameters that are not ClickHouse settings; consumed here or ignored.
-_TRANSPORT_PARAMS = frozenset({
-    "query", "database", "default_format", "query_id", "session_id", "session_timeout", "session_check",
-    "close_session", "user", "password", "quota_key", "role", "buffer_size", "wait_end_of_query",
-    "stacktrace", "client_protocol_version", "send_progress_in_http_headers",
-    "http_headers_progress_interval_ms", "enable_http_compression", "compress", "decompress",
-    "cancel_http_readonly_queries_on_client_close",
-})  # fmt: skip
-# Settings pinned by this endpoint: a request may repeat the pinned value, never change it.
-_PINNED_SETTINGS = {"readonly": "1", "allow_ddl": "0"}
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_FORMAT_RE = re.compile(r"[A-Za-z0-9_]+\Z")
-_CANONICAL_FORMAT_RE = re.compile(r"`?([A-Za-z0-9_]+)`?\Z")
-_LEADING_NOISE_RE = re.compile(r"(?:\s+|--[^\n]*|#[^\n]*|/\*.*?\*/|\()*", re.S)
-_WORD_RE = re.compile(r"[A-Za-z_]+")
-# In canonical text each top-level clause starts a line; INTO OUTFILE writes a file even read-only.
-_WRITING_CLAUSE_RE = re.compile(r"\bINTO\s+OUTFILE\b|^PARALLEL WITH\b", re.I | re.M)
-# As strict as clickhouse-connect's own test, so a match always selects its server-side binding.
-_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):[^}]+\}")
-_DRAIN_LIMIT_BYTES = 64 << 20
-_STATUS_BY_CODE = {62: 400, 164: 403, 456: 400, 457: 400, 60: 404, 81: 404}
-_TEXT_CONTENT_TYPES = (
-    (("json",), "application/json"),
-    (("csv",), "text/csv"),
-    (("tabseparated", "tsv"), "text/tab-separated-values"),
-    (("pretty", "vertical", "markdown", "values", "xml", "template"), "text/plain"),
+from ridethrough.exporters.store_http_sql import (
+    Answer,
+    Failure,
+    Request,
+    bindings,
+    check_canonical,
+    content_type,
+    parse_request,
+    require_read,
+    runnable_sql,
 )
 
+logger = logging.getLogger(__name__)
 
-class _Failure(Exception):
-    """A request answered with a ClickHouse-style error (`Code: N. DB::Exception: ... (NAME)`)."""
-
-    def __init__(self, status: int, code: int, text: str) -> None:
-        super().__init__(text)
-        self.status, self.code, self.text = status, code, text
-
-    @classmethod
-    def of(cls, status: int, code: int, name: str, detail: str) -> _Failure:
-        return cls(status, code, f"Code: {code}. DB::Exception: {detail}. ({name})")
-
-    def answer(self) -> _Answer:
-        headers = {"X-ClickHouse-Exception-Code": str(self.code)}
-        return _Answer(self.status, self.text.encode() + b"\n", headers)
-
-    @classmethod
-    def readonly(cls, detail: str) -> _Failure:
-        return cls.of(403, 164, "READONLY", f"Cannot execute query in readonly mode: {detail}")
-
-    @classmethod
-    def from_engine(cls, ex: ClickHouseError) -> _Failure:
-        code = getattr(ex, "code", None) or 1001
-        text = str(ex).strip()
-        if "Multi-statements are not allowed" in text:
-            return cls.readonly("multi-statement queries are not allowed")
-        return cls(_STATUS_BY_CODE.get(code, 500), code, text if "Code:" in text else f"Code: {code}. {text}")
-
-
-@dataclass
-class _Answer:
-    status: int
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _Request:
-    """One query as the HTTP interface delivers it, split into SQL, bindings and settings."""
-
-    sql: str
-    binds: dict[str, str]
-    settings: dict[str, str]
-    default_format: str
-    query_id: str
-    database: str | None
-
-
-def _first_keyword(sql: str) -> str:
-    """The statement's first word, upper-cased, after comments, whitespace and opening parens."""
-    noise = _LEADING_NOISE_RE.match(sql)
-    word = _WORD_RE.match(sql, noise.end() if noise else 0)
-    return word.group(0).upper() if word else ""
-
-
-def _require_read(sql: str) -> None:
-    if not sql.strip():
-        raise _Failure.of(400, 62, "SYNTAX_ERROR", "Empty query")
-    keyword = _first_keyword(sql)
-    if keyword not in _READ_KEYWORDS:
-        shown = keyword or "a statement that is not a query"
-        raise _Failure.readonly(f"only SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, EXISTS may run, got {shown}")
-
-
-def _parse_request(pairs: list[tuple[str, str]], body: str) -> _Request:
-    """Split URL (or form) parameters the way ClickHouse's HTTP handler does."""
-    values = dict(pairs)
-    binds = {k[6:]: v for k, v in pairs if k.startswith("param_")}
-    settings = {k: v for k, v in pairs if k not in _TRANSPORT_PARAMS and not k.startswith("param_")}
-    for name in [*binds, *settings]:
-        if not _NAME_RE.match(name):
-            raise _Failure.of(400, 36, "BAD_ARGUMENTS", f"invalid parameter name {name!r}")
-    for name, value in settings.items():
-        if name in _PINNED_SETTINGS and value != _PINNED_SETTINGS[name]:
-            raise _Failure.readonly(f"setting {name} is pinned to {_PINNED_SETTINGS[name]} on this endpoint")
-    if values.get("compress", "0") != "0" or values.get("decompress", "0") != "0":
-        raise _Failure.of(400, 48, "NOT_IMPLEMENTED", "compress/decompress are not supported")
-    query = values.get("query", "")
-    sql = f"{query}\n{body}" if query and body else query or body
-    fmt = values.get("default_format") or "TabSeparated"
-    if not _FORMAT_RE.match(fmt):
-        raise _Failure.of(400, 73, "UNKNOWN_FORMAT", f"invalid format name {fmt!r}")
-    query_id = values.get("query_id") or str(uuid.uuid4())
-    settings = {k: v for k, v in settings.items() if k not in _PINNED_SETTINGS}
-    return _Request(sql, binds, settings, fmt, query_id, values.get("database") or None)
-
-
-def _quote(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{escaped}'"
-
-
-def _runnable_sql(canonical: str, request: _Request) -> tuple[str, str]:
-    """Re-assemble the canonical statement with its FORMAT and a SETTINGS clause ending in
-    `readonly = 1`. A setting later in one clause wins, and an earlier clause is checked under
-    the read-only mode this one sets, so neither the SQL nor the URL can lift it."""
-    head, sep, tail = canonical.rpartition("\nFORMAT ")
-    if not sep:
-        head, fmt, post = canonical, request.default_format, ""
-    else:
-        fmt_token, _, post = tail.partition("\n")
-        fmt_name = _CANONICAL_FORMAT_RE.match(fmt_token)  # keywords such as Values come back quoted
-        if not fmt_name or (post and not post.startswith("SETTINGS ")):
-            raise _Failure.of(400, 62, "SYNTAX_ERROR", "unsupported clause after FORMAT")
-        fmt, post = fmt_name.group(1), post.removeprefix("SETTINGS ")
-    changes = [post] if post else []
-    changes += [f"{name} = {_quote(value)}" for name, value in request.settings.items()]
-    changes.append("readonly = 1")
-    return f"{head}\nFORMAT {fmt}\nSETTINGS {', '.join(changes)}", fmt
-
-
-class _BoundText:
-    """A bind value already in ClickHouse's escaped text form, as `param_<name>` carries it.
-
-    clickhouse-connect formats values it does not know with `str()`, so this hands the text to
-    the engine unchanged instead of escaping it a second time.
-    """
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _content_type(fmt: str) -> str:
-    name = fmt.lower()
-    for prefixes, kind in _TEXT_CONTENT_TYPES:
-        if name.startswith(prefixes):
-            return f"{kind}; charset=UTF-8"
-    return "application/octet-stream"
+_DRAIN_LIMIT_BYTES = 64 << 20
 
 
 class _Gate:
@@ -217,22 +65,18 @@ class _Gate:
         self.timezone, self.database = raw.decode().rstrip("\n").split("\t")
         self.display_name = socket.gethostname()
 
-    def answer(self, request: _Request) -> _Answer:
+    def answer(self, request: Request) -> Answer:
         """Run one read-only query and answer with its bytes in the requested format."""
         started_ns = time.monotonic_ns()
         if request.database not in (None, self.database):
             detail = f"this endpoint serves database {self.database} only; qualify table names"
-            raise _Failure.of(400, 81, "UNKNOWN_DATABASE", detail)
+            raise Failure.of(400, 81, "UNKNOWN_DATABASE", detail)
         canonical = self._raw("SELECT formatQuery({q:String}) FORMAT RawBLOB", {"q": request.sql}, "parse")
         text = canonical.decode()
-        _require_read(text)
-        if _WRITING_CLAUSE_RE.search(text):
-            raise _Failure.readonly("INTO OUTFILE and PARALLEL WITH are not allowed")
-        sql, fmt = _runnable_sql(text, request)
-        # Bindings go only with placeholders: without one, clickhouse-connect would %-format the SQL.
-        binds = {k: _BoundText(v) for k, v in request.binds.items()} if _PLACEHOLDER_RE.search(sql) else {}
-        body = self._raw(sql, binds, "query")
-        return _Answer(200, body, self._headers(request, fmt, len(body), started_ns))
+        check_canonical(text)
+        sql, fmt = runnable_sql(text, request)
+        body = self._raw(sql, bindings(sql, request), "query")
+        return Answer(200, body, self._headers(request, fmt, len(body), started_ns))
 
     def _raw(self, sql: str, binds: Mapping[str, object], what: str) -> bytes:
         try:
@@ -240,14 +84,14 @@ class _Gate:
                 return self._client.raw_query(sql, parameters=dict(binds) or None)
         except ClickHouseError as ex:
             logger.debug("store endpoint %s failed: %s", what, ex)
-            raise _Failure.from_engine(ex) from ex
+            raise Failure.from_engine(ex) from ex
 
-    def _headers(self, request: _Request, fmt: str, size: int, started_ns: int) -> dict[str, str]:
+    def _headers(self, request: Request, fmt: str, size: int, started_ns: int) -> dict[str, str]:
         summary = {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
                    "total_rows_to_read": "0", "result_rows": "0", "result_bytes": str(size),
                    "elapsed_ns": str(time.monotonic_ns() - started_ns)}  # fmt: skip
         return {
-            "Content-Type": _content_type(fmt),
+            "Content-Type": content_type(fmt),
             "X-ClickHouse-Format": fmt,
             "X-ClickHouse-Query-Id": request.query_id,
             "X-ClickHouse-Timezone": request.settings.get("session_timezone") or self.timezone,
@@ -263,7 +107,7 @@ def _form_fields(content_type: str, body: bytes) -> list[tuple[str, str]]:
     fields = []
     for part in message.iter_parts():
         if part.get_filename():
-            raise _Failure.of(400, 48, "NOT_IMPLEMENTED", "external data tables are not supported")
+            raise Failure.of(400, 48, "NOT_IMPLEMENTED", "external data tables are not supported")
         payload = cast(bytes, part.get_payload(decode=True) or b"")
         fields.append((str(part.get_param("name", "", header="content-disposition")), payload.decode()))
     return fields
@@ -300,46 +144,46 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         try:
             answer = self._answer()
-        except _Failure as failure:
+        except Failure as failure:
             answer = failure.answer()
         except Exception as ex:  # one bad request must never take the endpoint down
             logger.exception("store endpoint: unexpected error on %s %s", self.command, self.path)
-            answer = _Failure.of(500, 1001, "STD_EXCEPTION", repr(ex)).answer()
+            answer = Failure.of(500, 1001, "STD_EXCEPTION", repr(ex)).answer()
         self._send(answer)
 
-    def _answer(self) -> _Answer:
+    def _answer(self) -> Answer:
         server = cast(_Server, self.server)
         url = urlsplit(self.path)
         if url.path == "/ping" or (url.path == "/" and not url.query and self.command == "GET"):
-            return _Answer(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+            return Answer(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
         if url.path != "/":
-            raise _Failure.of(404, 36, "BAD_ARGUMENTS", f"no handler for {url.path}")
+            raise Failure.of(404, 36, "BAD_ARGUMENTS", f"no handler for {url.path}")
         body = self._read_body(server.max_query_bytes)
         encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding != "identity":  # clients compress request bodies for inserts only
-            raise _Failure.readonly(f"a body with Content-Encoding {encoding} is insert data")
+            raise Failure.readonly(f"a body with Content-Encoding {encoding} is insert data")
         pairs = parse_qsl(url.query, keep_blank_values=True)
         content_type = self.headers.get("Content-Type", "")
         if content_type.lower().startswith("multipart/form-data"):
             pairs, body = pairs + _form_fields(content_type, body), b""
         # Refuse writes before decoding: an insert body is binary and must still read as READONLY.
-        _require_read(dict(pairs).get("query", "") + "\n" + body.decode("utf-8", "replace"))
+        require_read(dict(pairs).get("query", "") + "\n" + body.decode("utf-8", "replace"))
         try:
             text = body.decode()
         except UnicodeDecodeError as ex:
-            raise _Failure.of(400, 36, "BAD_ARGUMENTS", "query is not valid UTF-8") from ex
-        return server.gate.answer(_parse_request(pairs, text))
+            raise Failure.of(400, 36, "BAD_ARGUMENTS", "query is not valid UTF-8") from ex
+        return server.gate.answer(parse_request(pairs, text))
 
     def _read_body(self, limit: int) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return self._read_chunked(limit)
         length_text = self.headers.get("Content-Length") or "0"
         if not length_text.isdigit():
-            raise _Failure.of(400, 36, "BAD_ARGUMENTS", f"bad Content-Length {length_text!r}")
+            raise Failure.of(400, 36, "BAD_ARGUMENTS", f"bad Content-Length {length_text!r}")
         length = int(length_text)
         if length > limit:
             self._discard(length)
-            raise _Failure.of(413, 229, "QUERY_IS_TOO_LARGE", f"body of {length} bytes exceeds {limit}")
+            raise Failure.of(413, 229, "QUERY_IS_TOO_LARGE", f"body of {length} bytes exceeds {limit}")
         return self.rfile.read(length)
 
     def _read_chunked(self, limit: int) -> bytes:
@@ -348,11 +192,11 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 size = int(self.rfile.readline(1024).split(b";")[0].strip(), 16)
             except ValueError as ex:
-                raise _Failure.of(400, 36, "BAD_ARGUMENTS", "bad chunked encoding") from ex
+                raise Failure.of(400, 36, "BAD_ARGUMENTS", "bad chunked encoding") from ex
             if size <= 0:
                 break
             if len(data) + size > limit:
-                raise _Failure.of(413, 229, "QUERY_IS_TOO_LARGE", f"chunked body exceeds {limit} bytes")
+                raise Failure.of(413, 229, "QUERY_IS_TOO_LARGE", f"chunked body exceeds {limit} bytes")
             data += self.rfile.read(size)
             self.rfile.readline(8)
         while self.rfile.readline(1024).strip():  # trailer fields, up to the blank line
@@ -365,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
         while remaining > 0 and (chunk := self.rfile.read(min(remaining, 1 << 16))):
             remaining -= len(chunk)
 
-    def _send(self, answer: _Answer) -> None:
+    def _send(self, answer: Answer) -> None:
         self.send_response(answer.status)
         headers = {"Content-Type": "text/plain; charset=UTF-8", **answer.headers}
         if answer.status >= 400:

@@ -40,16 +40,31 @@ unstraggle     host    -                                           unstraggle; r
 
 from __future__ import annotations
 
-import difflib
 import enum
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ridethrough.lab.control import Direction, GpuFault, LabControl, LabError
+from ridethrough.lab import fault_actions as act
+from ridethrough.lab.control import Direction, GpuFault
 from ridethrough.lab.fake_ib import HW_COUNTERS, IB_COUNTERS
+from ridethrough.lab.fault_actions import Start, Undo, num
+from ridethrough.lab.fault_params import (
+    GPU_PARAMS,
+    RATE_MBIT,
+    Param,
+    ParamType,
+    ParamValue,
+    coerce,
+    parse_duration,
+)
+from ridethrough.lab.topology import Topology, TopologySpec
 
-ParamValue = float | int | str | None
+__all__ = [
+    "GPU_PARAMS", "GPU_TRUTH", "IB_ERROR_COUNTERS", "KINDS", "XID_PRECURSORS", "Call", "Effect", "EntityType",
+    "FaultKind", "Names", "Param", "ParamType", "ParamValue", "Start", "Target", "Truth", "Undo", "coerce", "names",
+    "parse_duration",
+]
 
 
 # -- topology names ------------------------------------------------------------------------
@@ -57,7 +72,7 @@ ParamValue = float | int | str | None
 
 @dataclass(frozen=True, slots=True)
 class Names:
-    """Every name a lab of given sizes has, following `ridethrough.lab.control`'s naming."""
+    """The names of a lab's `Topology`, as the catalogue checks targets and entities against them."""
 
     hosts: tuple[str, ...]
     leaves: tuple[str, ...]
@@ -65,13 +80,25 @@ class Names:
     links: tuple[str, ...]
     nics: tuple[str, ...]
     """NIC names of one host (every host has the same): ``nic0`` … ``nic{rails-1}``."""
-    gpus: int = 0
-    hosts_per_rack: int = 1
+    gpus: int
+    topology: Topology = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, topology: Topology) -> Names:
+        """The names of ``topology``'s hosts, switches, links and NICs."""
+        spec = topology.spec
+        return cls(tuple(topology.hosts), tuple(topology.leaves), tuple(topology.spines),
+                   tuple(link.name for link in topology.links), tuple(f"nic{r}" for r in range(spec.rails)),
+                   spec.gpus, topology)
+
+    @property
+    def hosts_per_rack(self) -> int:
+        """Hosts in each rack."""
+        return self.topology.per_rack
 
     def nic_link(self, host: str, nic: str) -> str:
         """The link a host's NIC is cabled to: NIC ``r`` goes to its rack's leaf of rail ``r``."""
-        rack = self.hosts.index(host) // self.hosts_per_rack
-        return f"{host}-leaf{rack}r{nic.removeprefix('nic')}"
+        return self.topology.nic_link(host, nic).name
 
     def entity_type(self, entity: str) -> EntityType | None:
         """What an entity name names (a clock is named by its host), or None if nothing."""
@@ -91,109 +118,11 @@ class Names:
 
 
 def names(hosts: int, racks: int, rails: int, spines: int, gpus: int = 8) -> Names:
-    """The names of a rail-optimised leaf-spine lab: every leaf is cabled to every spine.
+    """The names of a rail-optimised leaf-spine lab of these sizes (see `ridethrough.lab.topology`).
 
     Raises ValueError for sizes that do not make a lab (hosts not divisible by racks, ...).
     """
-    if min(hosts, racks, rails, spines) < 1 or gpus < 0:
-        raise ValueError("hosts, racks, rails and spines must be at least 1 (gpus at least 0)")
-    if hosts % racks:
-        raise ValueError(f"{hosts} hosts do not split evenly into {racks} racks")
-    per_rack = hosts // racks
-    host_names = tuple(f"h{i}" for i in range(hosts))
-    leaves = tuple(f"leaf{k}r{r}" for k in range(racks) for r in range(rails))
-    spine_names = tuple(f"spine{s}" for s in range(spines))
-    links = [f"h{i}-leaf{i // per_rack}r{r}" for i in range(hosts) for r in range(rails)]
-    links += [f"{leaf}-{spine}" for leaf in leaves for spine in spine_names]
-    return Names(host_names, leaves, spine_names, tuple(links), tuple(f"nic{r}" for r in range(rails)),
-                 gpus, per_rack)
-
-
-# -- parameters ----------------------------------------------------------------------------
-
-
-class ParamType(enum.Enum):
-    """How a parameter's YAML value is read."""
-
-    FLOAT = "number"
-    INT = "integer"
-    DURATION = "duration"
-    """Seconds: a number, or a string like ``500ms``, ``5s``, ``2m``, ``1h``."""
-    CHOICE = "choice"
-    END = "end"
-    """A node at one end of the target link."""
-    NIC = "nic"
-    """One of the host's NICs."""
-    GPU = "gpu"
-    """A GPU index below the topology's ``gpus``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Param:
-    """One parameter of a fault kind; ``default`` None and not ``required`` means optional."""
-
-    name: str
-    type: ParamType
-    default: ParamValue = None
-    required: bool = False
-    lo: float | None = None
-    hi: float | None = None
-    open_lo: bool = False
-    open_hi: bool = False
-    choices: tuple[str, ...] = ()
-
-
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(raw: object) -> float:
-    """Seconds from ``500ms``, ``5s``, ``2m``, ``1h`` or a number of seconds; ValueError otherwise."""
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise ValueError(f"expected a duration like '500ms', '5s', '2m' or seconds, got {raw!r}")
-    if isinstance(raw, int | float):
-        if raw < 0 or raw != raw or raw == float("inf"):
-            raise ValueError(f"expected a duration of zero or more seconds, got {raw!r}")
-        return float(raw)
-    match = _DURATION.fullmatch(raw)
-    if not match:
-        raise ValueError(f"expected a duration like '500ms', '5s', '2m' or seconds, got {raw!r}")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
-
-
-def coerce(param: Param, raw: object, *, names: Names, target: str = "") -> ParamValue:
-    """The typed value of ``raw`` for ``param`` on ``target``; ValueError says what is wrong."""
-    if param.type in (ParamType.END, ParamType.NIC, ParamType.CHOICE):
-        options = {ParamType.END: tuple(target.split("-", 1)), ParamType.NIC: names.nics}.get(param.type, param.choices)
-        if not isinstance(raw, str) or raw not in options:
-            near = difflib.get_close_matches(str(raw), options, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ValueError(f"expected one of {', '.join(options)}, got {raw!r}{hint}")
-        return raw
-    value: float | int
-    if param.type is ParamType.DURATION:
-        value = parse_duration(raw)
-    elif param.type in (ParamType.INT, ParamType.GPU):
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ValueError(f"expected an integer, got {raw!r}")
-        if param.type is ParamType.GPU and not 0 <= raw < names.gpus:
-            raise ValueError(f"no GPU {raw} (GPUs are 0..{names.gpus - 1})")
-        value = raw
-    else:
-        if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != raw:
-            raise ValueError(f"expected a number, got {raw!r}")
-        value = float(raw)
-    _check_range(param, value)
-    return value
-
-
-def _check_range(param: Param, value: float) -> None:
-    low_bad = param.lo is not None and (value <= param.lo if param.open_lo else value < param.lo)
-    high_bad = param.hi is not None and (value >= param.hi if param.open_hi else value > param.hi)
-    if low_bad or high_bad:
-        lo = "" if param.lo is None else f"{'>' if param.open_lo else '>='} {param.lo:g}"
-        hi = "" if param.hi is None else f"{'<' if param.open_hi else '<='} {param.hi:g}"
-        raise ValueError(f"{value:g} is out of range (must be {' and '.join(p for p in (lo, hi) if p)})")
+    return Names.of(Topology(TopologySpec(hosts, racks, rails, spines, gpus)))
 
 
 # -- truth ---------------------------------------------------------------------------------
@@ -294,110 +223,6 @@ def _nic_truth(call: Call) -> Truth:
     return Truth(link, EntityType.LINK, "link_errors", call.at_s, failure)
 
 
-# -- start and undo calls ------------------------------------------------------------------
-
-Start = Callable[[LabControl, Call], str | None]
-"""Applies a fault; returns a handle its undo needs (a load handle), or None."""
-Undo = Callable[[LabControl, Call, str | None], None]
-
-
-def _opt_str(value: ParamValue) -> str | None:
-    return None if value is None else str(value)
-
-
-def _num(call: Call, name: str) -> float:
-    value = call.params[name]
-    assert isinstance(value, int | float), f"{name} was validated as a number"
-    return float(value)
-
-
-def _link_down(lab: LabControl, c: Call) -> None:
-    lab.set_link(c.target, up=False, end=_opt_str(c.params.get("end")))
-
-
-def _link_up(lab: LabControl, c: Call, _handle: str | None = None) -> None:
-    lab.set_link(c.target, up=True, end=_opt_str(c.params.get("end")))
-
-
-def _degrade(lab: LabControl, c: Call) -> None:
-    lab.degrade_link(c.target, rate_mbit=_num(c, "rate_mbit"), burst_kbit=_num(c, "burst_kbit"),
-                     latency_ms=_num(c, "latency_ms"), direction=Direction(c.params["direction"]))
-
-
-def _restore(lab: LabControl, c: Call, _handle: str | None = None) -> None:
-    lab.restore_link(c.target)
-
-
-def _congest(lab: LabControl, c: Call) -> str:
-    direction = Direction(c.params["direction"])
-    rate = _num(c, "rate_mbit")
-    load = c.params.get("load_mbit")
-    lab.degrade_link(c.target, rate_mbit=rate, direction=direction)
-    try:
-        return lab.start_load(c.target, direction=direction, rate_mbit=2 * rate if load is None else float(load))
-    except LabError:
-        lab.restore_link(c.target)  # nothing half applied
-        raise
-
-
-def _uncongest(lab: LabControl, c: Call, handle: str | None) -> None:
-    try:
-        if handle is not None:
-            lab.stop_load(handle)
-    finally:
-        lab.restore_link(c.target)
-
-
-def _step_clock(lab: LabControl, c: Call) -> None:
-    lab.step_clock(c.target, step_ns=round(_num(c, "step_ms") * 1_000_000))
-
-
-def _step_back(lab: LabControl, c: Call, _handle: str | None) -> None:
-    lab.step_clock(c.target, step_ns=-round(_num(c, "step_ms") * 1_000_000))
-
-
-def _gpu(lab: LabControl, c: Call) -> None:
-    fault = GpuFault(c.params["gpu_fault"])
-    extra = {p.name: _num(c, p.name) for p in GPU_PARAMS[fault] if c.params.get(p.name) is not None}
-    lab.gpu_fault(c.target, int(_num(c, "gpu")), fault, extra)
-
-
-def _nic_ramp(lab: LabControl, c: Call) -> None:
-    after = c.params.get("link_down_after_s")
-    lab.nic_error_ramp(c.target, str(c.params["nic"]), counter=str(c.params["counter"]),
-                       rate_per_s=_num(c, "rate_per_s"), link_down_after_s=None if after is None else float(after))
-
-
-def _nic_clear(lab: LabControl, c: Call, _handle: str | None) -> None:
-    lab.clear_nic(c.target, str(c.params["nic"]))
-    if c.params.get("link_down_after_s") is not None:  # the ramp may have taken the link down
-        lab.set_link(c.names.nic_link(c.target, str(c.params["nic"])), up=True, end=c.target)
-
-
-def _freeze(lab: LabControl, c: Call) -> None:
-    lab.freeze_host(c.target)
-
-
-def _thaw(lab: LabControl, c: Call, _handle: str | None = None) -> None:
-    lab.thaw_host(c.target)
-
-
-def _unstraggle(lab: LabControl, c: Call, _handle: str | None = None) -> None:
-    lab.unstraggle(c.target)
-
-
-def _clear_gpu(lab: LabControl, c: Call, _handle: str | None) -> None:
-    lab.clear_gpu(c.target, int(_num(c, "gpu")))
-
-
-def _set_mtu(lab: LabControl, c: Call) -> None:
-    lab.set_mtu(c.target, end=str(c.params["end"]), mtu=int(_num(c, "mtu")))
-
-
-def _straggle(lab: LabControl, c: Call) -> None:
-    lab.straggle(c.target, cpu_fraction=_num(c, "cpu_fraction"))
-
-
 # -- the catalogue -------------------------------------------------------------------------
 
 
@@ -452,28 +277,13 @@ class FaultKind:
     def windows(self, call: Call, for_s: float | None) -> tuple[tuple[float, float | None], ...]:
         """When the fault is on, as (start, end) on the scenario clock; end None: until stopped."""
         if self.pulsed:
-            period, count = _num(call, "period_s"), int(_num(call, "count"))
+            period, count = num(call, "period_s"), int(num(call, "count"))
             return tuple((call.at_s + i * period, call.at_s + (i + 0.5) * period) for i in range(count))
         return ((call.at_s, None if for_s is None else call.at_s + for_s),)
 
 
 _P = ParamType
 _END = Param("end", _P.END)
-_RATE = Param("rate_mbit", _P.FLOAT, 100.0, lo=0, hi=1_000_000, open_lo=True)
-_PER_S = Param("rate_per_s", _P.FLOAT, 1.0, lo=0, hi=1e9, open_lo=True)
-GPU_PARAMS: Mapping[GpuFault, tuple[Param, ...]] = {
-    GpuFault.ECC_SBE_RISING: (_PER_S,),
-    GpuFault.ROW_REMAP_PENDING: (Param("rows", _P.INT, 1, lo=0, hi=10_000),
-                                 Param("rate_per_s", _P.FLOAT, 0.0, lo=0, hi=1e9)),
-    GpuFault.ECC_DBE: (Param("count", _P.INT, 1, lo=1, hi=1_000_000),),
-    GpuFault.XID: (Param("code", _P.INT, required=True, lo=1, hi=1023),),
-    GpuFault.THERMAL: (Param("deg_per_s", _P.FLOAT, 1.0, lo=0, hi=100, open_lo=True),
-                       Param("cap_c", _P.FLOAT, 95.0, lo=30, hi=150)),
-    GpuFault.PCIE_REPLAY_STORM: (_PER_S,),
-    GpuFault.NVLINK_CRC: (_PER_S, Param("link", _P.INT, 0, lo=0, hi=17)),
-    GpuFault.FALLEN_OFF_BUS: (),
-}
-"""Parameters each GPU fault takes besides ``fault`` and ``gpu``."""
 IB_ERROR_COUNTERS = (*IB_COUNTERS, *HW_COUNTERS)
 """IB counters (``counters/`` and ``hw_counters/``) a NIC ramp can drive."""
 _LINK, _HOST = Target.LINK, Target.HOST
@@ -481,46 +291,46 @@ _LINK_FAULTS = frozenset({"link-down", "flap", "degrade", "mtu", "congest"})
 _DIRS = tuple(d.value for d in Direction)
 
 KINDS: Mapping[str, FaultKind] = {k.name: k for k in (
-    FaultKind("link-down", _LINK, (_END,), _link_down, _link_up,
+    FaultKind("link-down", _LINK, (_END,), act.link_down, act.link_up,
               _truth(EntityType.LINK, "link_down", Effect.FAILURE), "link"),
-    FaultKind("link-up", _LINK, (_END,), _link_up, None,
+    FaultKind("link-up", _LINK, (_END,), act.link_up, None,
               _truth(EntityType.LINK, "link_up", Effect.RECOVERY), "link", clears=frozenset({"link-down", "flap"})),
     FaultKind("flap", _LINK, (Param("period_s", _P.DURATION, 2.0, lo=0.01), Param("count", _P.INT, 5, lo=1, hi=10_000),
                               _END),
-              _link_down, _link_up, _truth(EntityType.LINK, "link_flap", Effect.FAILURE), "link", pulsed=True),
-    FaultKind("degrade", _LINK, (_RATE, Param("burst_kbit", _P.FLOAT, 32.0, lo=0, hi=1e6, open_lo=True),
+              act.link_down, act.link_up, _truth(EntityType.LINK, "link_flap", Effect.FAILURE), "link", pulsed=True),
+    FaultKind("degrade", _LINK, (RATE_MBIT, Param("burst_kbit", _P.FLOAT, 32.0, lo=0, hi=1e6, open_lo=True),
                                  Param("latency_ms", _P.FLOAT, 20.0, lo=0, hi=1e5, open_lo=True),
                                  Param("direction", _P.CHOICE, "both", choices=_DIRS)),
-              _degrade, _restore, _truth(EntityType.LINK, "link_degraded", Effect.DEGRADATION), "link"),
-    FaultKind("restore", _LINK, (), _restore, None,
+              act.degrade, act.restore, _truth(EntityType.LINK, "link_degraded", Effect.DEGRADATION), "link"),
+    FaultKind("restore", _LINK, (), act.restore, None,
               _truth(EntityType.LINK, "link_restored", Effect.RECOVERY), "link", clears=_LINK_FAULTS),
     FaultKind("mtu", _LINK, (Param("end", _P.END, required=True), Param("mtu", _P.INT, required=True, lo=68, hi=65535)),
-              _set_mtu, _restore,
+              act.set_mtu, act.restore,
               _truth(EntityType.LINK, "mtu_mismatch", Effect.DEGRADATION), "link"),
-    FaultKind("congest", _LINK, (Param("direction", _P.CHOICE, "forward", choices=("forward", "reverse")), _RATE,
+    FaultKind("congest", _LINK, (Param("direction", _P.CHOICE, "forward", choices=("forward", "reverse")), RATE_MBIT,
                                  Param("load_mbit", _P.FLOAT, lo=0, hi=1_000_000, open_lo=True)),
-              _congest, _uncongest, _truth(EntityType.LINK, "link_congested", Effect.DEGRADATION), "link"),
+              act.congest, act.uncongest, _truth(EntityType.LINK, "link_congested", Effect.DEGRADATION), "link"),
     FaultKind("clock-step", _HOST, (Param("step_ms", _P.FLOAT, required=True, lo=-1e7, hi=1e7),),
-              _step_clock, _step_back,
+              act.step_clock, act.step_back,
               _truth(EntityType.CLOCK, "clock_step", Effect.DEGRADATION), "clock", lasting=False),
     FaultKind("gpu", _HOST, (Param("gpu_fault", _P.CHOICE, required=True, choices=tuple(f.value for f in GpuFault)),
                              Param("gpu", _P.GPU, required=True)),
-              _gpu, _clear_gpu, _gpu_truth, "gpu",
+              act.gpu, act.clear_gpu, _gpu_truth, "gpu",
               stack_param="gpu_fault", variant_param="gpu_fault",
               variants={f.value: ps for f, ps in GPU_PARAMS.items()}),
     FaultKind("nic-ramp", _HOST, (Param("nic", _P.NIC, "nic0"),
                                   Param("counter", _P.CHOICE, "symbol_error", choices=IB_ERROR_COUNTERS),
                                   Param("rate_per_s", _P.FLOAT, 10.0, lo=0, hi=1e9, open_lo=True),
                                   Param("link_down_after_s", _P.DURATION, lo=0, open_lo=True)),
-              _nic_ramp, _nic_clear, _nic_truth, "nic", stack_param="counter"),
-    FaultKind("freeze", _HOST, (), _freeze, _thaw,
+              act.nic_ramp, act.nic_clear, _nic_truth, "nic", stack_param="counter"),
+    FaultKind("freeze", _HOST, (), act.freeze, act.thaw,
               _truth(EntityType.HOST, "host_frozen", Effect.FAILURE), "freeze"),
-    FaultKind("thaw", _HOST, (), _thaw, None,
+    FaultKind("thaw", _HOST, (), act.thaw, None,
               _truth(EntityType.HOST, "host_thawed", Effect.RECOVERY), "freeze", clears=frozenset({"freeze"})),
     FaultKind("straggle", _HOST, (Param("cpu_fraction", _P.FLOAT, 0.25, lo=0, hi=1, open_lo=True, open_hi=True),),
-              _straggle, _unstraggle, _truth(EntityType.HOST, "straggler", Effect.DEGRADATION),
+              act.straggle, act.unstraggle, _truth(EntityType.HOST, "straggler", Effect.DEGRADATION),
               "cpu"),
-    FaultKind("unstraggle", _HOST, (), _unstraggle, None,
+    FaultKind("unstraggle", _HOST, (), act.unstraggle, None,
               _truth(EntityType.HOST, "straggler_cleared", Effect.RECOVERY), "cpu", clears=frozenset({"straggle"})),
 )}
 """Every fault kind, by the name scenarios and ``ridethrough lab inject`` use."""

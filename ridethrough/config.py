@@ -19,54 +19,26 @@ model's ``__post_init__`` may add cross-field checks by raising ValueError.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, get_args, get_origin, get_type_hints
 
-import yaml
+from ridethrough.config_values import EXPECTED, FrozenMap, check, from_text, from_yaml
+from ridethrough.config_yaml import ConfigFileError, located, read_yaml, yaml_type
+from ridethrough.suggest import did_you_mean
+
+__all__ = ["ConfigError", "FrozenMap", "Loaded", "env_var", "json_schema", "load", "mask_dsn", "render"]
 
 T = TypeVar("T")
 
 _KINDS: dict[object, str] = {str: "str", int: "int", float: "float", bool: "bool"}
-_EXPECTED = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean (true/false)",
-             "tuple": "a list of strings", "mapping": "a mapping of strings to strings"}
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
-               "off": False}
-_YAML_TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list",
-                    dict: "mapping", type(None): "null"}
 
 
 class ConfigError(Exception):
     """A configuration problem, described in one line that names the key and where it came from."""
-
-
-class FrozenMap(Mapping[str, str]):
-    """An immutable, hashable ``str -> str`` mapping, so frozen configs stay hashable."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
-        self._items = dict(items)
-
-    def __getitem__(self, key: str) -> str:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._items.items()))
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._items!r})"
 
 
 @dataclass(frozen=True)
@@ -211,20 +183,13 @@ def _env_prefix(component: str) -> str:
     return f"RIDETHROUGH_{component.upper().replace('-', '_')}_"
 
 
-def _suggest(word: str, candidates: Iterable[str], *, quote: bool = True) -> str:
-    match = difflib.get_close_matches(word, list(candidates), n=1)
-    if not match:
-        return ""
-    return f" (did you mean {match[0]!r}?)" if quote else f" (did you mean {match[0]}?)"
-
-
 def _env_layer(env: Mapping[str, str], fields: Mapping[str, _Field], component: str) -> _Layer:
     prefix = _env_prefix(component)
     values: dict[str, object] = {}
     for var in sorted(v for v in env if v.startswith(prefix)):
         name = var[len(prefix):].lower()
         if name not in fields:
-            hint = _suggest(var, [env_var(component, f) for f in fields], quote=False)
+            hint = did_you_mean(var, [env_var(component, f) for f in fields], quote=False)
             raise ConfigError(f"{component}: unknown environment variable {var}{hint}")
         values[name] = env[var]
 
@@ -243,80 +208,33 @@ def _flag_layer(flags: Mapping[str, object], fields: Mapping[str, _Field], compo
 
 
 def _file_layer(path: str, fields: Mapping[str, _Field], component: str, known: set[str]) -> _Layer:
-    data, lines = _read_yaml(path)
-    for name in data if known else ():
-        if name not in known:
-            where = _at(path, lines.get((name,)))
-            raise ConfigError(f"unknown section {name!r} in {where}{_suggest(str(name), known)}")
-    section = {} if data.get(component) is None else data[component]
-    if not isinstance(section, dict):
-        where = _at(path, lines.get((component,)))
-        got = _yaml_type(section)
-        raise ConfigError(f"{component}: expected a mapping of settings in {where}, got {got}")
+    try:
+        data, lines = read_yaml(path)
+    except ConfigFileError as e:
+        raise ConfigError(str(e)) from None
+
+    def where(at: tuple[str, ...]) -> str:
+        return located(path, lines.get(at))
+
+    section = _section(data, where, component, known)
     for key in section:
         if key not in fields:
-            where = _at(path, lines.get((component, key)))
-            raise ConfigError(f"{component}: unknown key {key!r} in {where}{_suggest(str(key), fields)}")
-
-    def where_of(key: str) -> str:
-        return f"in {_at(path, lines.get((component, key)))}"
-
-    return _Layer(section, lambda k: f"file:{path}", where_of, False)
+            raise ConfigError(f"{component}: unknown key {key!r} in {where((component, key))}"
+                              f"{did_you_mean(str(key), fields)}")
+    return _Layer(section, lambda k: f"file:{path}", lambda k: f"in {where((component, k))}", False)
 
 
-def _at(path: str, line: int | None) -> str:
-    return path if line is None else f"{path}:{line}"
-
-
-def _read_yaml(path: str) -> tuple[dict[Any, Any], dict[tuple[str, ...], int]]:
-    """The file's top-level mapping and the line of each section and ``(section, key)``."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path}: not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path}: cannot read: {e}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = {} if node is None else loader.construct_document(node)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = path if mark is None else f"{path}:{mark.line + 1}:{mark.column + 1}"
-        raise ConfigError(f"config file {where}: invalid YAML: {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path}: invalid YAML: {e}") from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of sections, got {_yaml_type(data)}")
-    return data, _key_lines(node, path)
-
-
-def _key_lines(node: yaml.Node | None, path: str) -> dict[tuple[str, ...], int]:
-    """Lines of sections and their keys; a key given twice is an error (YAML keeps the last silently)."""
-    lines: dict[tuple[str, ...], int] = {}
-    for key, at in _keys(node, ()):
-        if at in lines:
-            raise ConfigError(f"config file {path}:{key.start_mark.line + 1}: duplicate key {'.'.join(at)!r}")
-        lines[at] = key.start_mark.line + 1
-    return lines
-
-
-def _keys(node: yaml.Node | None, prefix: tuple[str, ...]) -> Iterator[tuple[yaml.Node, tuple[str, ...]]]:
-    """Scalar keys, with their paths, of the top-level mapping and of each section mapping."""
-    if not isinstance(node, yaml.MappingNode):
-        return
-    for key, value in node.value:
-        if isinstance(key, yaml.ScalarNode):
-            yield key, (*prefix, key.value)
-            if not prefix:
-                yield from _keys(value, (key.value,))
-
-
-def _yaml_type(value: object) -> str:
-    return _YAML_TYPE_NAMES.get(type(value), type(value).__name__)
+def _section(data: Mapping[Any, Any], where: Callable[[tuple[str, ...]], str], component: str,
+             known: set[str]) -> dict[Any, Any]:
+    """The file's ``component`` section (empty if absent); checks the other section names against ``known``."""
+    for name in data if known else ():
+        if name not in known:
+            raise ConfigError(f"unknown section {name!r} in {where((name,))}{did_you_mean(str(name), known)}")
+    section = {} if data.get(component) is None else data[component]
+    if not isinstance(section, dict):
+        got = yaml_type(section)
+        raise ConfigError(f"{component}: expected a mapping of settings in {where((component,))}, got {got}")
+    return section
 
 
 # -- values -------------------------------------------------------------------------------
@@ -326,10 +244,10 @@ def _coerce(f: _Field, raw: object, layer: _Layer, component: str) -> object:
     """Parse and check one value; a problem becomes a ConfigError naming the key and its origin."""
     try:
         if layer.parse_strings and isinstance(raw, str):
-            value = _from_text(f.kind, raw)
+            value = from_text(f.kind, raw)
         else:
-            value = _from_native(f.kind, raw)
-        _check(f, value)
+            value = from_yaml(f.kind, raw)
+        check(f.kind, f.meta, value)
     except ValueError as e:
         problem = _redact(f, str(e), raw)
         raise ConfigError(f"{component}.{f.name}: {problem} ({layer.where(f.name)})") from None
@@ -343,81 +261,8 @@ def _redact(f: _Field, message: str, raw: object) -> str:
     if not f.meta.get("dsn"):
         return message
     if not isinstance(raw, str):  # a list or mapping could hold the DSN anywhere inside
-        return f"expected {_EXPECTED[f.kind]}, got a {_yaml_type(raw)}"
+        return f"expected {EXPECTED[f.kind]}, got a {yaml_type(raw)}"
     return message.replace(repr(raw), repr(mask_dsn(raw))) if raw else message
-
-
-def _bad(kind: str, raw: object, *, native: bool) -> ValueError:
-    shown = f"{raw!r} ({_yaml_type(raw)})" if native else repr(raw)
-    return ValueError(f"expected {_EXPECTED[kind]}, got {shown}")
-
-
-def _from_text(kind: str, text: str) -> object:
-    try:
-        return _TEXT_PARSERS[kind](text)
-    except (ValueError, KeyError):
-        raise _bad(kind, text, native=False) from None
-
-
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError(f"not finite: {value}")
-    return value
-
-
-def _parse_mapping(text: str) -> FrozenMap:
-    pairs: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, value = (s.strip() for s in item.partition("="))
-        if not eq or not key or key in pairs:
-            raise ValueError(item)
-        pairs[key] = value
-    return FrozenMap(pairs)
-
-
-_TEXT_PARSERS: dict[str, Callable[[str], object]] = {
-    "str": str,
-    "int": lambda s: int(s.strip()),  # int() accepts '1_000' and rejects '1.5'
-    "float": lambda s: _finite(float(s.strip())),
-    "bool": lambda s: _BOOL_WORDS[s.strip().lower()],
-    "tuple": lambda s: tuple(filter(None, (p.strip() for p in s.split(",")))),
-    "mapping": _parse_mapping,
-}
-
-
-def _from_native(kind: str, raw: object) -> object:
-    if kind in ("int", "float") and isinstance(raw, bool):
-        raise _bad(kind, raw, native=True)  # bool is an int subclass; `workers: yes` is a mistake
-    if kind == "float" and isinstance(raw, int | float) and math.isfinite(raw):
-        return float(raw)
-    if kind in ("str", "int", "bool") and isinstance(raw, {"str": str, "int": int, "bool": bool}[kind]):
-        return raw
-    if kind == "tuple" and isinstance(raw, list | tuple) and all(isinstance(x, str) for x in raw):
-        return tuple(raw)
-    if kind == "mapping" and isinstance(raw, Mapping) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
-        return FrozenMap(raw)
-    raise _bad(kind, raw, native=True)
-
-
-def _check(f: _Field, value: Any) -> None:
-    if "min" in f.meta and value < f.meta["min"]:
-        raise ValueError(f"must be >= {f.meta['min']}, got {value!r}")
-    if "max" in f.meta and value > f.meta["max"]:
-        raise ValueError(f"must be <= {f.meta['max']}, got {value!r}")
-    if "choices" in f.meta:
-        _check_choices(f.meta["choices"], value if f.kind == "tuple" else (value,))
-    if "check" in f.meta:
-        f.meta["check"](value)
-
-
-def _check_choices(choices: Iterable[object], items: Iterable[object]) -> None:
-    allowed = [str(c) for c in choices]
-    for item in items:
-        if str(item) not in allowed:
-            hint = _suggest(str(item), allowed)
-            raise ValueError(f"must be one of {', '.join(allowed)}; got {item!r}{hint}")
 
 
 # -- presentation -------------------------------------------------------------------------

@@ -1,9 +1,17 @@
 """The node agent: run sources on their intervals, export what they see over OTLP.
 
-Each source's latest samples are kept in a snapshot; the OpenTelemetry SDK's observable
-instruments read that snapshot when the periodic reader collects, and the OTLP exporter
-ships it to the gateway. Events (start, stop, a source failing) go out as OTel log
-records. A source that raises is logged, counted and skipped for that tick.
+Each source's latest samples are kept in a `Snapshot`. Every export interval the agent
+turns the snapshot and its own metrics into one OTLP batch (OpenTelemetry SDK data
+model, monotonic sums and gauges, cumulative since the agent started) and the SDK's
+OTLP/gRPC exporter ships it to the gateway, buffering while the gateway is away. Where
+asked, a Prometheus ``/metrics`` endpoint reads the same snapshot at each scrape
+(`ridethrough.collector.prometheus`). The snapshot holds at most ``max_series`` series;
+new ones beyond are dropped and counted. Events (start, stop, a source failing) go out
+as OTel log records. A source that raises is logged, counted and skipped for that tick.
+
+Why not the SDK's observable instruments: their callbacks, measurement objects and
+per-point aggregation cost more CPU than everything else the agent does, to
+reproduce values the snapshot already holds (see bench/agent_overhead.py).
 """
 
 from __future__ import annotations
@@ -12,24 +20,34 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry._logs import SeverityNumber
 
 # The OTLP log exporter's documented import path also carries a leading underscore.
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-from opentelemetry.metrics import CallbackOptions, Observation
 
 # The logs SDK is still published under a leading underscore; it is the documented entry point.
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ridethrough.collector.export import BufferingMetricExporter
+from ridethrough.collector.otlp_encode import CachingOTLPMetricExporter
+from ridethrough.collector.prometheus import MetricsEndpoint, SnapshotCollector
 from ridethrough.collector.sample import BackgroundSource, Event, MetricKind, Sample, Source
 
 log = logging.getLogger(__name__)
@@ -39,9 +57,12 @@ SELF_METRICS: tuple[tuple[str, MetricKind, str], ...] = (
     ("ridethrough.agent.source.errors", MetricKind.COUNTER, "{error}"),
     ("ridethrough.agent.export.dropped", MetricKind.COUNTER, "{point}"),
     ("ridethrough.agent.export.buffered", MetricKind.GAUGE, "{batch}"),
+    ("ridethrough.agent.series.dropped", MetricKind.COUNTER, "{series}"),
 )
 """What the agent reports about itself: (name, kind, unit), as catalogued."""
 Clock = Callable[[], int]
+Reading = list[tuple[float, dict[str, str]]]
+"""One self-metric's current points: (value, attributes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,81 +88,174 @@ class AgentIdentity:
         return Resource.create(attrs)
 
 
+SeriesKey = tuple[str, frozenset[tuple[str, str]]]
+"""One series: a metric name and its attribute set."""
+
+
+def _series(sample: Sample) -> SeriesKey:
+    return sample.name, frozenset(sample.attributes.items())
+
+
 class Snapshot:
-    """The latest samples per metric name, shared by the collect thread and the reader."""
+    """The latest samples of each source, shared by the collect thread and the readers.
 
-    def __init__(self) -> None:
+    It holds at most ``max_series`` distinct series (metric name and attribute set) in all.
+    A series it already holds keeps updating; a new one beyond the limit is refused and
+    counted in `dropped`, by source, on every collection that refuses it.
+    """
+
+    def __init__(self, *, max_series: int = 100_000) -> None:
         self._lock = threading.Lock()
+        self._max = max_series
         self._by_source: dict[str, dict[str, list[Sample]]] = {}
+        self._held: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
+        """Series refused for want of room, by source (cumulative)."""
 
-    def replace(self, source: str, samples: Iterable[Sample]) -> set[str]:
-        """Make ``samples`` the source's current view; returns the metric names it holds."""
-        by_name: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_name.setdefault(s.name, []).append(s)
+    def replace(self, source: str, samples: list[Sample]) -> None:
+        """Make ``samples`` the source's current view (less any series refused for want of room)."""
         with self._lock:
+            room = self._max - (sum(self._held.values()) - self._held.get(source, 0))
+            held = len(samples)
+            if held > room:  # rare: only then is it worth hashing every attribute set
+                samples, held = self._admit(source, samples, room)
+            by_name: dict[str, list[Sample]] = {}
+            for s in samples:
+                by_name.setdefault(s.name, []).append(s)
             self._by_source[source] = by_name
-        return set(by_name)
+            self._held[source] = held
 
-    def first(self, name: str) -> Sample | None:
-        """Any one current sample of ``name`` (its kind and unit stand for the metric's)."""
-        with self._lock:
-            return next((v[0] for by_name in self._by_source.values() if (v := by_name.get(name))), None)
+    def _admit(self, source: str, samples: list[Sample], room: int) -> tuple[list[Sample], int]:
+        """The samples of series already held, then of new series while there is room."""
+        before = {_series(s) for group in self._by_source.get(source, {}).values() for s in group}
+        keys = [_series(s) for s in samples]
+        keep = {k for k in keys if k in before}
+        for k in keys:
+            if len(keep) >= room:
+                break
+            keep.add(k)
+        refused = len(set(keys) - keep)
+        if refused:
+            if not any(self.dropped.values()):
+                log.warning("series limit (%d) reached: new series from %s are dropped and counted in "
+                            "ridethrough.agent.series.dropped; raise agent.max_series if they matter",
+                            self._max, source)
+            self.dropped[source] = self.dropped.get(source, 0) + refused
+        return [s for s, k in zip(samples, keys, strict=True) if k in keep], len(keep)
 
-    def observe(self, name: str) -> list[Observation]:
-        """Observations of one metric across all sources."""
+    def samples(self) -> list[Sample]:
+        """Every current sample of every source."""
         with self._lock:
-            return [Observation(s.value, dict(s.attributes))
-                    for by_name in self._by_source.values() for s in by_name.get(name, ())]
+            return [s for by_name in self._by_source.values() for v in by_name.values() for s in v]
 
 
 class Agent:
-    """Sources → snapshot → OTel SDK → OTLP/gRPC → gateway."""
+    """Sources → snapshot → OTLP/gRPC → gateway (and, if asked, Prometheus ``/metrics``).
+
+    ``max_series`` caps the distinct series the snapshot holds (see `Snapshot`);
+    ``prometheus_listen`` (``HOST:PORT``, port 0 for any) also serves the snapshot at
+    ``/metrics`` from `start` on; ``descriptions`` (metric name → text) become the OTLP
+    metric descriptions and the Prometheus HELP lines.
+    """
 
     def __init__(self, *, identity: AgentIdentity, sources: Sequence[Source], gateway: str,
                  export_interval_s: float = 1.0, export_timeout_s: float = 5.0,
-                 buffer_max_batches: int = 300, clock: Clock = time.time_ns) -> None:
+                 buffer_max_batches: int = 300, clock: Clock = time.time_ns, max_series: int = 100_000,
+                 prometheus_listen: str = "", descriptions: Mapping[str, str] | None = None) -> None:
         self._sources = list(sources)
         self._clock = clock
-        self._snapshot = Snapshot()
-        self._instruments: dict[str, object] = {}
+        self._snapshot = Snapshot(max_series=max_series)
+        self._descriptions = dict(descriptions or {})
+        self._export_interval_s = export_interval_s
+        self._export_timeout_s = export_timeout_s
         self._stop = threading.Event()
         self.source_errors: dict[str, int] = {s.name: 0 for s in self._sources}
         self.collections = 0
-        resource = identity.resource()
+        self.exports = 0
+        self.addresses: dict[str, str] = {}
+        """What the agent serves once started: ``{"prometheus": "HOST:PORT"}`` when asked to."""
+        self._resource = identity.resource()
+        self._scope = InstrumentationScope(SCOPE)
+        self._start_ns = time.time_ns()
+        self._prometheus = MetricsEndpoint(listen=prometheus_listen, collector=SnapshotCollector(
+            read=self.samples, resource=self._resource.attributes, scope=SCOPE,
+            descriptions=self._descriptions)) if prometheus_listen else None
         self.exporter = BufferingMetricExporter(
-            OTLPMetricExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s),
+            CachingOTLPMetricExporter(endpoint=gateway, insecure=True, timeout_s=export_timeout_s),
             max_batches=buffer_max_batches)
-        self._reader = PeriodicExportingMetricReader(
-            self.exporter, export_interval_millis=export_interval_s * 1000,
-            export_timeout_millis=export_timeout_s * 1000 * 2)
-        self._meters = MeterProvider(resource=resource, metric_readers=[self._reader])
-        self._meter = self._meters.get_meter(SCOPE)
-        self._logs = LoggerProvider(resource=resource)
+        self._logs = LoggerProvider(resource=self._resource)
         self._logs.add_log_record_processor(BatchLogRecordProcessor(
             OTLPLogExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s)))
         self._events = self._logs.get_logger(SCOPE)
-        self._register_self_metrics()
         self._thread = threading.Thread(target=self._run, name="rt-agent-collect", daemon=True)
+        self._exporting = threading.Thread(target=self._export_loop, name="rt-agent-export", daemon=True)
 
     def start(self) -> None:
-        """Start collecting (and every background source's watcher); returns at once."""
+        """Start collecting (and every background source's watcher, and ``/metrics``); returns at once."""
+        if self._prometheus is not None:
+            self.addresses["prometheus"] = self._prometheus.start()
+            log.info("serving Prometheus /metrics on %s", self.addresses["prometheus"])
         self.event("agent.started", f"agent started with sources {[s.name for s in self._sources]}")
         for source in self._sources:
             if isinstance(source, BackgroundSource):
                 self._guard(source.name, functools.partial(source.start, emit=self.emit))
         self._thread.start()
+        self._exporting.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop collecting, export what is left, shut the SDK down."""
+        """Stop collecting, export what is left, shut the exporters down."""
         self._stop.set()
-        self._thread.join(timeout_s)
+        for thread in (self._thread, self._exporting):
+            if thread.is_alive():
+                thread.join(timeout_s)
         for source in self._sources:
             if isinstance(source, BackgroundSource):
                 self._guard(source.name, functools.partial(source.stop, timeout_s=timeout_s))
         self.event("agent.stopped", "agent stopped")
-        self._meters.shutdown(timeout_millis=timeout_s * 1000)
+        if self._prometheus is not None:
+            self._prometheus.stop(timeout_s)
+        self.export()
+        self.exporter.shutdown(timeout_millis=timeout_s * 1000)
         self._logs.shutdown()
+
+    def samples(self) -> list[Sample]:
+        """Everything the agent reports now: its sources' current samples, then its own metrics."""
+        return self._snapshot.samples() + self.self_samples()
+
+    def self_samples(self) -> list[Sample]:
+        """The agent's own metrics (`SELF_METRICS`), read now."""
+        readings = self._self_readings()
+        return [Sample(name, value, kind, unit, attrs)
+                for name, kind, unit in SELF_METRICS for value, attrs in readings[name]()]
+
+    def metrics_data(self, now_ns: int | None = None) -> MetricsData:
+        """`samples` as one OTLP batch: counters as cumulative monotonic sums, the rest as gauges."""
+        now = time.time_ns() if now_ns is None else now_ns
+        by_name: dict[str, list[Sample]] = {}
+        for sample in self.samples():
+            by_name.setdefault(sample.name, []).append(sample)
+        metrics = [self._metric(name, samples, now) for name, samples in by_name.items()]
+        return MetricsData([ResourceMetrics(self._resource, [ScopeMetrics(self._scope, metrics, "")], "")])
+
+    def _metric(self, name: str, samples: list[Sample], now_ns: int) -> Metric:
+        first = samples[0]  # its kind and unit stand for the metric's
+        data: Sum | Gauge
+        if first.kind is MetricKind.COUNTER:
+            data = Sum([NumberDataPoint(s.attributes, self._start_ns, now_ns, s.value) for s in samples],
+                       AggregationTemporality.CUMULATIVE, True)
+        else:
+            data = Gauge([NumberDataPoint(s.attributes, 0, now_ns, s.value) for s in samples])
+        return Metric(name, self._descriptions.get(name, ""), first.unit, data)
+
+    def export(self) -> bool:
+        """Export the current snapshot once (buffered while the gateway is away); never raises."""
+        try:
+            result = self.exporter.export(self.metrics_data(), timeout_millis=self._export_timeout_s * 1000)
+        except Exception:  # telemetry never takes down its host: log, and try again next interval
+            log.exception("metric export failed")
+            return False
+        self.exports += 1
+        return result is MetricExportResult.SUCCESS
 
     def event(self, name: str, body: str, *, severity: SeverityNumber = SeverityNumber.INFO,
               attributes: Mapping[str, str] | None = None) -> None:
@@ -168,40 +282,22 @@ class Agent:
 
     def _collect_source(self, source: Source, now_ns: int) -> None:
         try:
-            names = self._snapshot.replace(source.name, list(source.collect(now_ns)))
+            self._snapshot.replace(source.name, list(source.collect(now_ns)))
         except Exception as exc:  # telemetry never takes down its host
             self.source_errors[source.name] = self.source_errors.get(source.name, 0) + 1
             log.warning("source %s failed this tick: %s", source.name, exc, exc_info=log.isEnabledFor(logging.DEBUG))
             if self.source_errors[source.name] in (1, 10, 100, 1000):
                 self.event("agent.source_failed", f"source {source.name} failed: {exc}",
                            severity=SeverityNumber.WARN, attributes={"source": source.name})
-            return
-        for name in names - self._instruments.keys():
-            self._instruments[name] = self._create_instrument(name)
 
-    def _create_instrument(self, name: str) -> object:
-        sample = self._snapshot.first(name)
-        def callback(_: CallbackOptions) -> Iterable[Observation]:
-            return self._snapshot.observe(name)
-        if sample is not None and sample.kind is MetricKind.COUNTER:
-            return self._meter.create_observable_counter(name, [callback], unit=sample.unit)
-        return self._meter.create_observable_gauge(name, [callback], unit=sample.unit if sample else "")
-
-    def _register_self_metrics(self) -> None:
-        readings: dict[str, Callable[[], list[Observation]]] = {
-            "ridethrough.agent.source.errors":
-                lambda: [Observation(n, {"source": s}) for s, n in self.source_errors.items()],
-            "ridethrough.agent.export.dropped": lambda: [Observation(self.exporter.dropped_points)],
-            "ridethrough.agent.export.buffered": lambda: [Observation(self.exporter.buffered_batches)],
+    def _self_readings(self) -> dict[str, Callable[[], Reading]]:
+        return {
+            "ridethrough.agent.source.errors": lambda: [(n, {"source": s}) for s, n in self.source_errors.items()],
+            "ridethrough.agent.export.dropped": lambda: [(self.exporter.dropped_points, {})],
+            "ridethrough.agent.export.buffered": lambda: [(self.exporter.buffered_batches, {})],
+            "ridethrough.agent.series.dropped": lambda: [(self._snapshot.dropped.get(s.name, 0), {"source": s.name})
+                                                         for s in self._sources],
         }
-        for name, kind, unit in SELF_METRICS:
-            read = readings[name]
-            def callback(_: CallbackOptions, read: Callable[[], list[Observation]] = read) -> list[Observation]:
-                return read()
-            if kind is MetricKind.COUNTER:
-                self._meter.create_observable_counter(name, [callback], unit=unit)
-            else:
-                self._meter.create_observable_gauge(name, [callback], unit=unit)
 
     def _run(self) -> None:
         intervals = {s.name: max(0.01, s.interval_s) for s in self._sources}
@@ -214,4 +310,13 @@ class Agent:
                     self._collect_source(source, stamp)
                     due[source.name] = now + intervals[source.name]
             self.collections += 1
-            self._stop.wait(max(0.0, min(due.values()) - time.monotonic()))
+            self._stop.wait(max(0.0, min(due.values(), default=now + 1.0) - time.monotonic()))
+
+    def _export_loop(self) -> None:
+        interval = max(0.01, self._export_interval_s)
+        next_at = time.monotonic() + interval
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            self.export()
+            next_at += interval
+            if next_at < time.monotonic():  # an export outlasted the interval: wait a whole one, no catch-up burst
+                next_at = time.monotonic() + interval

@@ -158,6 +158,7 @@ def agent(
     except OSError as exc:  # /metrics could not bind: a start-up error, said in one line
         typer.echo(f"ridethrough: cannot serve /metrics on {cfg.prometheus_listen}: {exc}", err=True)
         raise typer.Exit(1) from exc
+    wiring.tune_gc_for_ingest()  # the agent, too, makes thousands of short-lived acyclic objects a second
     if ready_file:
         wiring.write_ready_file(ready_file, node.addresses)
     typer.echo(f"agent: exporting to {cfg.gateway}", err=True)

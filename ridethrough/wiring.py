@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 from prometheus_client import start_http_server
 
+from ridethrough import catalogue
 from ridethrough.collector.agent import Agent, AgentIdentity
 from ridethrough.collector.clock import Clock, ScriptedClock
 from ridethrough.collector.registry import build_sources
@@ -144,7 +145,9 @@ def build_agent(cfg: AgentConfig) -> Agent:
     clock: Clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else time.time_ns
     return Agent(identity=identity, sources=build_sources(cfg), gateway=cfg.gateway,
                  export_interval_s=cfg.export_interval_s, export_timeout_s=cfg.export_timeout_s,
-                 buffer_max_batches=cfg.buffer_max_batches, clock=clock)
+                 buffer_max_batches=cfg.buffer_max_batches, clock=clock, max_series=cfg.max_series,
+                 prometheus_listen=cfg.prometheus_listen,
+                 descriptions={m.name: m.description for m in catalogue.metrics()})
 
 
 class ServerRuntime:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterable
@@ -12,7 +13,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-from ridethrough.collector.agent import Agent, AgentIdentity
+from ridethrough.collector.agent import Agent, AgentIdentity, Snapshot
 from ridethrough.collector.export import BufferingMetricExporter
 from ridethrough.collector.sample import MetricKind, Sample
 from tests.conftest import FIXTURES, read_ready, wait_for
@@ -88,3 +89,45 @@ def test_agent_started_before_its_gateway_delivers_what_it_buffered(spawn, tmp_p
         what="buffered rows")
     assert earliest < gateway_started_ns - 1_000_000_000, "points from before the gateway existed arrived"
     assert agent.alive()
+
+
+def _series(n: int, name: str = "m", start: int = 0) -> list[Sample]:
+    return [Sample(name, float(i), MetricKind.GAUGE, "1", {"i": str(i)}) for i in range(start, start + n)]
+
+
+def test_snapshot_caps_series_keeps_held_ones_updating_and_counts_refusals(caplog) -> None:
+    snap = Snapshot(max_series=5)
+    snap.replace("a", _series(3))
+    with caplog.at_level(logging.WARNING, logger="ridethrough.collector.agent"):
+        snap.replace("b", _series(4, "n"))
+        snap.replace("b", _series(4, "n"))
+    assert len(snap.samples()) == 5 and snap.dropped == {"b": 4}, "2 of b's 4 refused, on both ticks"
+    assert sum("series limit (5) reached" in r.message for r in caplog.records) == 1, "warned once"
+    # a's new series wait for room; the ones it holds keep updating
+    snap.replace("a", [*_series(1, start=7), *(Sample(s.name, s.value + 100, s.kind, s.unit, s.attributes)
+                                               for s in _series(3))])
+    assert sorted(s.value for s in snap.samples() if s.name == "m") == [100, 101, 102]
+    assert snap.dropped == {"a": 1, "b": 4}
+    snap.replace("b", [])  # b's series are gone: their room is free again
+    snap.replace("a", _series(6))
+    assert len([s for s in snap.samples() if s.name == "m"]) == 5 and snap.dropped["a"] == 2
+
+
+def test_agent_counts_dropped_series_in_its_self_metrics() -> None:
+    class Wide:
+        name = "wide"
+        interval_s = 0.05
+
+        def collect(self, now_ns: int) -> Iterable[Sample]:
+            return _series(10)
+
+    agent = Agent(identity=AgentIdentity(node_id="n", host_name="h", cluster="c"), sources=[Wide()],
+                  gateway=f"127.0.0.1:{_free_port()}", export_interval_s=60, export_timeout_s=0.2, max_series=4)
+    agent.start()
+    try:
+        def dropped() -> float:
+            return sum(s.value for s in agent.self_samples() if s.name == "ridethrough.agent.series.dropped")
+        wait_for(lambda: dropped() >= 12, timeout_s=10, what="series drops counted")
+        assert len([s for s in agent.samples() if s.name == "m"]) == 4
+    finally:
+        agent.stop(timeout_s=2)

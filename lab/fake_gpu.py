@@ -61,7 +61,8 @@ __all__ = ["FakeNvmlBackend", "GpuScript", "ScriptError", "ScriptedFault", "crea
 
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 """PCI buses of the eight GPUs on an HGX H100 board, in NVML index order."""
-_POLL_S = 0.05
+_POLL_S = 0.2
+_STATE_GRAIN_NS = 1_000_000
 """How often `FakeNvmlBackend.wait_xid` looks at the script again while it waits."""
 
 
@@ -199,6 +200,7 @@ class FakeNvmlBackend(NvmlBackend):
         self._initialized = False
         self._stat_key: tuple[int, ...] | None = None
         self._script: Script | None = None
+        self._states: dict[int, tuple[tuple[int, int, int], GpuState]] = {}
         self._returned: set[int] = set()
 
     def _load(self) -> Script:
@@ -219,11 +221,20 @@ class FakeNvmlBackend(NvmlBackend):
                 self._stat_key = key
             return self._script
 
+    def _state(self, script: Script, index: int) -> GpuState:
+        # The state is a pure function of (script, GPU, time); calls within 1 ms share it.
+        key = (id(script), index, self._clock() // _STATE_GRAIN_NS)
+        cached = self._states.get(index)
+        if cached is None or cached[0] != key:
+            cached = (key, gpu_state(script, index, key[2] * _STATE_GRAIN_NS))
+            self._states[index] = cached
+        return cached[1]
+
     def _gpu(self, index: int, call: str) -> tuple[FakeGpu, GpuState]:
         script = self._load()
         if not 0 <= index < len(script.gpus):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT, f"Invalid Argument: no GPU {index}")
-        state = gpu_state(script, index, self._clock())
+        state = self._state(script, index)
         if state.lost:
             raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST, f"GPU is lost: GPU {index} has fallen off the bus")
         gpu = script.gpus[index]
@@ -352,7 +363,7 @@ class FakeNvmlBackend(NvmlBackend):
     def wait_xid(self, timeout_ms: int) -> XidEvent | None:
         """The oldest XID whose time has come that this instance has not returned yet.
 
-        Polls the script every 50 ms until ``timeout_ms`` has passed (on the real clock,
+        Polls the script every 200 ms until ``timeout_ms`` has passed (on the real clock,
         whatever the injected one says) or `shutdown` is called; None when nothing came.
         """
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -29,7 +30,13 @@ def read_sysfs_text(path: Path) -> str:
     Raises:
         OSError: as the kernel reports it (``ENOENT``, ``EINVAL``, ``EACCES``, ...).
     """
-    return path.read_bytes().decode("ascii", errors="replace")
+    # os.open/os.read, not Path.read_bytes: no buffered file object for a 20-byte file, which
+    # halves the cost of the hundreds of reads a collection makes.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode("ascii", errors="replace")
+    finally:
+        os.close(fd)
 
 
 def gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -> Sample:

@@ -67,23 +67,29 @@ def _log_event(event: Event) -> None:
              "%s: %s", event.name, event.body)
 
 
+NVLINK_PERIOD_S = 5.0
+"""How often the agent reads NVLink (18 links x 2 calls per GPU): often enough for error trends."""
+
+
 class GpuSource:
     """Every NVML field of every GPU each tick, and XID events from a watcher thread."""
 
     def __init__(self, backend: NvmlBackend, *, interval_s: float = 1.0, clock: Callable[[], int] = time.time_ns,
                  xid_wait_ms: int = 500, xid_backoff_initial_s: float = 0.5, xid_backoff_max_s: float = 30.0,
-                 max_idle_collections: int = 60) -> None:
+                 max_idle_collections: int = 60, nvlink_every: int = 1) -> None:
         """Read GPUs through ``backend``; nothing is touched until `start` or the first `collect`.
 
         ``clock`` stamps the events that `collect` does not (NVML missing); ``xid_wait_ms`` is
         the longest one wait for XIDs blocks, and so about the longest `stop` takes.
+        ``nvlink_every``: read NVLink state and counters on every n-th collection only (they are
+        most of the NVML calls, and NVLink errors are trends, not instants).
         """
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         self._nvml = backend
         self._interval_s = float(interval_s)
         self._clock = clock
-        self._reader = GpuReader(backend)
+        self._reader = GpuReader(backend, nvlink_every=nvlink_every)
         self._counters = CounterTracker(max_idle_collections=max_idle_collections)
         self._watcher = XidWatcher(backend.wait_xid, self._on_xid, wait_ms=xid_wait_ms,
                                    backoff_initial_s=xid_backoff_initial_s, backoff_max_s=xid_backoff_max_s)
@@ -275,4 +281,4 @@ def from_config(cfg: AgentConfig) -> GpuSource:
         backend = FakeNvmlBackend(cfg.gpu_script)  # the lab's fake GPUs run on true time, as does this default
     else:
         backend = PynvmlBackend()
-    return GpuSource(backend, interval_s=cfg.interval_s)
+    return GpuSource(backend, interval_s=cfg.interval_s, nvlink_every=max(1, round(NVLINK_PERIOD_S / cfg.interval_s)))

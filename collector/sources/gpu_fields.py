@@ -102,8 +102,11 @@ class GpuReading:
 class GpuReader:
     """Reads GPUs through a backend, asking each GPU only what it supports."""
 
-    def __init__(self, backend: NvmlBackend) -> None:
+    def __init__(self, backend: NvmlBackend, *, nvlink_every: int = 1) -> None:
         self._nvml = backend
+        self._nvlink_every = max(1, nvlink_every)
+        self._reads: dict[int, int] = {}
+        self._last_links: dict[int, dict[int, LinkReading]] = {}
         self._unsupported: set[tuple[int, str]] = set()
         self._links: dict[int, int] = {}
         self._links_seen_up: set[tuple[int, int]] = set()
@@ -127,7 +130,10 @@ class GpuReader:
     def read(self, index: int) -> GpuReading:
         """Read every field of GPU ``index``; raises `NvmlGpuLost` if it has fallen off the bus."""
         nvml = self._nvml
-        links = self._read_links(index)
+        reads = self._reads[index] = self._reads.get(index, -1) + 1
+        if reads % self._nvlink_every == 0 or index not in self._last_links:
+            self._last_links[index] = self._read_links(index)
+        links = self._last_links[index]
         return GpuReading(
             utilization=self._ask(index, "utilization", nvml.utilization),
             memory=self._ask(index, "memory", nvml.memory),

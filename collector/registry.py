@@ -20,6 +20,7 @@ SOURCES: Mapping[str, str] = MappingProxyType({
     "gpu": "ridethrough.collector.sources.gpu",
     "ethtool": "ridethrough.collector.sources.ethtool",
     "job": "ridethrough.collector.sources.job",
+    "probe": "ridethrough.collector.sources.probe",
 })
 """Source name → the module whose ``from_config`` builds it."""
 

@@ -65,14 +65,15 @@ def _idle_nics(nics: list[str]) -> Callable[[], Mapping[str, NicStats]]:
     return lambda: {n: NicStats(0, 0, 0, 0) for n in nics}
 
 
-def agent_env(host_dir: Path) -> dict[str, str]:
-    """What a lab host's agent reads besides its flags: fake GPUs and the job endpoint, when present."""
+def agent_env(host_dir: Path, peers_file: Path) -> dict[str, str]:
+    """What a lab host's agent reads besides its flags: fake GPUs, the job endpoint, the probe peers."""
     sources = ["netdev", "infiniband"]
-    env = {"RIDETHROUGH_AGENT_JOB_SOCKET": str(host_dir / "job.sock")}
+    env = {"RIDETHROUGH_AGENT_JOB_SOCKET": str(host_dir / "job.sock"),
+           "RIDETHROUGH_AGENT_PROBE_PEERS_FILE": str(peers_file)}
     if (host_dir / "gpus.json").exists():
         sources.append("gpu")
         env["RIDETHROUGH_AGENT_GPU_SCRIPT"] = str(host_dir / "gpus.json")
-    sources.append("job")
+    sources += ["job", "probe"]
     env["RIDETHROUGH_AGENT_SOURCES"] = ",".join(sources)
     return env
 
@@ -135,13 +136,16 @@ class Supervisor:
     def start_agents(self) -> None:
         """One ``ridethrough agent`` per host, inside its namespace."""
         gateway = f"{self.state['server_ip']}:{self.state['otlp_port']}"
+        peers = self.dir / "peers.json"
+        peers.write_text(json.dumps({h: {nic: n["ip"] for nic, n in i["nics"].items()}
+                                     for h, i in self.state["hosts"].items()}))
         for host, info in self.state["hosts"].items():
             d = Path(info["dir"])
             self._spawn(f"agent:{host}", [
                 sys.executable, "-m", "ridethrough", "agent", "--gateway", gateway, "--node-id", host,
                 "--cluster", self.state["name"], "--rack", f"rack{info['rack']}",
                 "--sysfs-root", str(d / "sysfs"), "--clock-script", str(d / "clock.json")],
-                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(d))
+                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(d, peers))
 
     def reap(self) -> None:
         """Log (once) every child that exited; none is restarted."""

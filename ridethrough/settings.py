@@ -125,7 +125,7 @@ class AgentConfig:
         "Extra resource attributes, KEY=VALUE,... in env and flags."))
     sysfs_root: str = field(default="/sys", metadata=_help(
         "Where sysfs is mounted; point it at a captured tree to replay one."))
-    sources: tuple[str, ...] = field(default=("netdev", "infiniband", "ethtool", "gpu", "job"), metadata=_help(
+    sources: tuple[str, ...] = field(default=("netdev", "infiniband", "ethtool", "gpu", "job", "probe"), metadata=_help(
         "Sources to sample, comma-separated in env and flags (a source with nothing to read stays idle)."))
     interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
     clock_script: str = field(default="", metadata=_help(
@@ -136,6 +136,19 @@ class AgentConfig:
         "Unix socket where training processes report step events (source `job`)."))
     prometheus_listen: str = field(default="", metadata=_help(
         "Also serve the agent's metrics at /metrics on HOST:PORT; empty turns it off.", check=check_listen))
+    probe_peers_file: str = field(default="", metadata=_help(
+        "Probe mesh peers, JSON {node: {nic: \"ip[:port]\"}} (re-read when it changes); empty: no probing."))
+    probe_port: int = field(default=7447, metadata=_help("UDP port the probe responder answers on.",
+                                                         min=1, max=65535))
+    probe_k: int = field(default=10, metadata=_help("Random peers probed (re-drawn slowly).", min=0))
+    probe_pinned: tuple[str, ...] = field(default=(), metadata=_help(
+        "Peers always probed, e.g. the nodes of this node's jobs."))
+    probe_interval_s: float = field(default=0.5, metadata=_help(
+        "Seconds between rounds of coded probe pairs on every path.", min=0.01))
+    probe_pair_gap_us: float = field(default=20.0, metadata=_help(
+        "Gap between the two probes of a coded pair, in microseconds.", min=1.0))
+    probe_timeout_s: float = field(default=1.0, metadata=_help(
+        "Wait for a reply before a probe counts as lost, in seconds.", min=0.01))
     max_series: int = field(default=100_000, metadata=_help(
         "Most distinct attribute combinations the agent keeps; new ones beyond are dropped and counted.",
         min=1))

@@ -84,7 +84,7 @@ def test_default_values_match_the_design() -> None:
     assert gateway.max_message_bytes == 16 * 1024 * 1024
     assert gateway.spool_max_bytes == 1024**3
     agent = AgentConfig()
-    assert agent.sources == ("netdev", "infiniband", "ethtool", "gpu", "job")
+    assert agent.sources == ("netdev", "infiniband", "ethtool", "gpu", "job", "probe")
     assert agent.node_id == ""  # the composition root fills in the host name
     assert dict(agent.labels) == {}
     assert ServerConfig().store_http_listen == "127.0.0.1:0"

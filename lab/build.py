@@ -31,6 +31,8 @@ from ridethrough.lab.topology import MGMT_NET, Kind, Topology, TopologySpec
 
 OTLP_PORT = 4317
 STORE_HTTP_PORT = 8123
+CLOCK_PORT = 8190
+"""The clock service's corrections endpoint on the management address (agents poll it)."""
 ClockSpecs = Mapping[str, tuple[int, float]]
 
 
@@ -125,7 +127,8 @@ def initial_state(topo: Topology, sf: StateFile, *, agents: bool, clocks: ClockS
         "name": topo.name, "mode": "netns", "prefix": topo.prefix, "dir": str(sf.dir), "agents": agents,
         "spec": {"hosts": s.hosts, "racks": s.racks, "rails": s.rails, "spines": s.spines, "gpus": s.gpus},
         "mgmt_subnet": str(topo.mgmt), "server_ip": topo.server_ip, "otlp_port": OTLP_PORT,
-        "store_http_port": STORE_HTTP_PORT, "created_unix_ns": time.time_ns(), "hosts": hosts,
+        "store_http_port": STORE_HTTP_PORT, "clock_port": CLOCK_PORT, "created_unix_ns": time.time_ns(),
+        "hosts": hosts,
         "cgroup": str(cgroups.lab_dir(topo.name)) if cg else None,
         "namespaces": [], "root_links": [], "cgroups": [], "processes": {}, "status": {"fabric": "building"},
     }

@@ -2,8 +2,8 @@
 
 Started detached by ``lab up``; it owns what must keep running after ``lab up`` returns:
 
-* the server (``ridethrough server``: gateway and store endpoint on an embedded chDB store
-  under the lab's directory), listening on the lab's management address;
+* the server (``ridethrough server``: gateway, store endpoint and clock service on an embedded
+  chDB store under the lab's directory), listening on the lab's management address;
 * one ``ridethrough agent`` per host, inside the host's namespace, once the fabric is built
   and the server is ready (none is restarted; exits are logged and recorded);
 * the fake-IB `CounterPump` of every host, ticking every 0.5 s from the host's NIC veth
@@ -65,11 +65,14 @@ def _idle_nics(nics: list[str]) -> Callable[[], Mapping[str, NicStats]]:
     return lambda: {n: NicStats(0, 0, 0, 0) for n in nics}
 
 
-def agent_env(host_dir: Path, peers_file: Path) -> dict[str, str]:
-    """What a lab host's agent reads besides its flags: fake GPUs, the job endpoint, the probe peers."""
+def agent_env(host_dir: Path, peers_file: Path, clock_url: str = "") -> dict[str, str]:
+    """What a lab host's agent reads besides its flags: fake GPUs, the job endpoint, the probe peers,
+    the clock service's corrections (``clock_url``, empty for none)."""
     sources = ["netdev", "infiniband"]
     env = {"RIDETHROUGH_AGENT_JOB_SOCKET": str(host_dir / "job.sock"),
            "RIDETHROUGH_AGENT_PROBE_PEERS_FILE": str(peers_file)}
+    if clock_url:
+        env["RIDETHROUGH_AGENT_CLOCK_CORRECTIONS_URL"] = clock_url
     if (host_dir / "gpus.json").exists():
         sources.append("gpu")
         env["RIDETHROUGH_AGENT_GPU_SCRIPT"] = str(host_dir / "gpus.json")
@@ -110,10 +113,11 @@ class Supervisor:
     def start_server(self) -> None:
         """``ridethrough server`` on the management address, its store under the lab directory."""
         ip = self.state["server_ip"]
+        clock = ["--clock-listen", f"{ip}:{self.state['clock_port']}"] if "clock_port" in self.state else []
         self._spawn("server", [
             sys.executable, "-m", "ridethrough", "server", "--store", f"chdb://{self.dir / 'store'}",
             "--spool", str(self.dir / "spool"), "--otlp-listen", f"{ip}:{self.state['otlp_port']}",
-            "--store-http-listen", f"{ip}:{self.state['store_http_port']}",
+            "--store-http-listen", f"{ip}:{self.state['store_http_port']}", *clock,
             "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.state.get("cgroup"))
 
     def wait_server(self, timeout_s: float = 120.0) -> bool:
@@ -139,13 +143,15 @@ class Supervisor:
         peers = self.dir / "peers.json"
         peers.write_text(json.dumps({h: {nic: n["ip"] for nic, n in i["nics"].items()}
                                      for h, i in self.state["hosts"].items()}))
+        port = self.state.get("clock_port")
+        clock_url = f"http://{self.state['server_ip']}:{port}/clock/corrections" if port else ""
         for host, info in self.state["hosts"].items():
             d = Path(info["dir"])
             self._spawn(f"agent:{host}", [
                 sys.executable, "-m", "ridethrough", "agent", "--gateway", gateway, "--node-id", host,
                 "--cluster", self.state["name"], "--rack", f"rack{info['rack']}",
                 "--sysfs-root", str(d / "sysfs"), "--clock-script", str(d / "clock.json")],
-                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(d, peers))
+                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(d, peers, clock_url))
 
     def reap(self) -> None:
         """Log (once) every child that exited; none is restarted."""

@@ -106,6 +106,8 @@ def server(
     metrics_listen: Annotated[str | None, typer.Option(help="Prometheus /metrics HOST:PORT.")] = None,
     store_http_listen: Annotated[str | None, typer.Option(
         help="Read-only ClickHouse HTTP endpoint over the store, HOST:PORT.")] = None,
+    clock_listen: Annotated[str | None, typer.Option(
+        help="Clock service's GET /clock/corrections endpoint, HOST:PORT.")] = None,
     ready_file: Annotated[str | None, typer.Option(help="Write bound addresses here as JSON.")] = None,
     duration: Duration = None,
     verbose: Verbose = False,
@@ -116,7 +118,7 @@ def server(
     _logging(verbose)
     gcfg = _load("gateway", config, otlp_listen=otlp_listen, store=store, spool=spool,
                  metrics_listen=metrics_listen, ready_file=ready_file)
-    scfg = _load("server", config, store_http_listen=store_http_listen)
+    scfg = _load("server", config, store_http_listen=store_http_listen, clock_listen=clock_listen)
     with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg) as runtime:
         wiring.tune_gc_for_ingest()
         typer.echo(f"server: {runtime.addresses}", err=True)

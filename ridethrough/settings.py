@@ -108,6 +108,15 @@ class ServerConfig:
         check=check_listen))
     store_http_ready_file: str = field(default="", metadata=_help(
         "File written with the store HTTP address once it serves; empty writes none."))
+    clock_service: bool = field(default=True, metadata=_help(
+        "Run the clock service: solve the agents' pairwise clock estimates into per-node corrections."))
+    clock_window_s: float = field(default=2.0, metadata=_help(
+        "How often the clock service solves and publishes, in seconds (the agents' estimate window).", min=0.1))
+    clock_reference: str = field(default="", metadata=_help(
+        "Node whose clock the corrections are relative to; empty: the lexicographically first node seen."))
+    clock_listen: str = field(default="127.0.0.1:0", metadata=_help(
+        "Where the clock service answers GET /clock/corrections, HOST:PORT; empty turns the endpoint off.",
+        check=check_listen))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +139,9 @@ class AgentConfig:
     interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
     clock_script: str = field(default="", metadata=_help(
         "A lab host's clock file (offset, drift, steps); empty reads the system clock."))
+    clock_corrections_url: str = field(default="", metadata=_help(
+        "The clock service's GET /clock/corrections URL, polled for per-node clock corrections that turn probe "
+        "timestamps into one-way delays; empty: one-way delays are half the RTT."))
     gpu_script: str = field(default="", metadata=_help(
         "A lab host's fake-GPU script (gpus.json); empty reads real GPUs through NVML."))
     job_socket: str = field(default="/run/ridethrough/job.sock", metadata=_help(

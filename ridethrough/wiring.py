@@ -24,6 +24,8 @@ from ridethrough import catalogue
 from ridethrough.collector.agent import Agent, AgentIdentity
 from ridethrough.collector.clock import Clock, ScriptedClock
 from ridethrough.collector.registry import build_sources
+from ridethrough.exporters.clock_http import ClockEndpoint
+from ridethrough.exporters.clock_service import ClockService
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
@@ -151,17 +153,19 @@ def build_agent(cfg: AgentConfig) -> Agent:
 
 
 class ServerRuntime:
-    """The all-in-one server: one store client shared by the gateway and the store endpoint."""
+    """The all-in-one server: one store client shared by the gateway, the store endpoint and the clock service."""
 
     def __init__(self, *, gateway_cfg: GatewayConfig, server_cfg: ServerConfig) -> None:
         self.store = open_store(gateway_cfg)
         self.gateway = GatewayRuntime(cfg=gateway_cfg, store=self.store)
         self._server_cfg = server_cfg
         self._endpoint: StoreHttpEndpoint | None = None
+        self.clock: ClockService | None = None
+        self._clock_http: ClockEndpoint | None = None
         self.addresses: dict[str, str] = {}
 
     def start(self) -> dict[str, str]:
-        """Start the gateway, then the read-only store endpoint; write the ready file."""
+        """Start the gateway, the read-only store endpoint, the clock service; write the ready file."""
         self.addresses.update(self.gateway.start())
         if self._server_cfg.store_http_listen:
             host, port = parse_hostport(self._server_cfg.store_http_listen)
@@ -169,12 +173,30 @@ class ServerRuntime:
                                                lock=self.store.lock)
             bound_host, bound_port = self._endpoint.start()
             self.addresses["store_http"] = f"http://{_address(bound_host, bound_port)}"
+        self._start_clock()
         if self.gateway.cfg.ready_file:
             write_ready_file(self.gateway.cfg.ready_file, self.addresses)
         return self.addresses
 
+    def _start_clock(self) -> None:
+        cfg = self._server_cfg
+        if not cfg.clock_service:
+            return
+        self.clock = ClockService(store=self.store, metrics=self.gateway.metrics, window_s=cfg.clock_window_s,
+                                  reference=cfg.clock_reference)
+        self.clock.start()
+        if cfg.clock_listen:
+            host, port = parse_hostport(cfg.clock_listen)
+            self._clock_http = ClockEndpoint(snapshot=self.clock.snapshot, host=host, port=port)
+            bound_host, bound_port = self._clock_http.start()
+            self.addresses["clock"] = f"http://{_address(bound_host, bound_port)}"
+
     def stop(self) -> None:
-        """Stop the endpoint and the gateway."""
+        """Stop the clock service, the endpoints and the gateway."""
+        if self._clock_http is not None:
+            self._clock_http.stop()
+        if self.clock is not None:
+            self.clock.stop()
         if self._endpoint is not None:
             self._endpoint.stop()
         self.gateway.stop()

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from ridethrough.catalogue import metric, metrics_of
+from ridethrough.collector.clock_pairs import PairwiseClocks
+from ridethrough.collector.huygens import HuygensConfig
 from ridethrough.collector.probe_sample import ProbeSample
 from ridethrough.collector.probe_stats import Correction
 from ridethrough.collector.prober import ProberSettings
@@ -29,7 +31,8 @@ def _noop(_: object) -> None:
 
 @pytest.fixture
 def two_nodes() -> Iterator[tuple[ProbeSource, ProbeSource, list[ProbeSample]]]:
-    """Node a (clock corrections known) and node b (none), probing each other over two NICs."""
+    """Node a (clock corrections known, pairwise clocks on short windows) and node b (neither), probing each
+    other over two NICs."""
     hooked: list[ProbeSample] = []
 
     def broken_consumer(s: ProbeSample) -> None:
@@ -37,7 +40,8 @@ def two_nodes() -> Iterator[tuple[ProbeSource, ProbeSource, list[ProbeSample]]]:
         raise RuntimeError("an estimator bug")
 
     a = ProbeSource(node="a", local={"nic0": "127.0.0.41", "nic1": "127.0.0.42"}, port=0, settings=FAST,
-                    corrections=lambda: {"a": Correction(0), "b": Correction(0)}, on_sample=broken_consumer)
+                    corrections=lambda: {"a": Correction(0), "b": Correction(0)}, on_sample=broken_consumer,
+                    clocks=PairwiseClocks(node="a", config=HuygensConfig(window_ns=100_000_000)))
     b = ProbeSource(node="b", local={"nic0": "127.0.0.43", "nic1": "127.0.0.44"}, port=0, settings=FAST)
     for source in (a, b):
         source.start(emit=_noop)

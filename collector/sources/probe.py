@@ -11,7 +11,13 @@ source NIC, destination node, destination NIC) and where it applies per directio
   delay is clock-corrected when ``corrections`` knows both ends, else half the RTT with
   ``probe.clock.corrected=false``;
 * loss ratio per direction, pure-pair ratio per direction, probes sent, received and lost;
-* whether the path is suspended (its peer stopped answering), packets dropped by reason.
+* whether the path is suspended (its peer stopped answering), packets dropped by reason;
+* from ``clocks`` (`PairwiseClocks`), each peer's latest finished clock window:
+  ``ridethrough.clock.pair.*`` (offset, drift, uncertainty, step, reference time).
+
+Corrections come from ``corrections``, or from a ``feed`` polling the clock service
+(``clock_corrections_url``): the loop closes there, the service solving the graph of every
+node's pair estimates and this source using its per-node answer for one-way delays.
 
 Defaults, and why. A round of pairs every 0.5 s, one pair per path: with 10 peers over 2 NICs
 (20 paths) that is 80 probes/s out and, as many peers probe us, about 80 replies/s out; at 192
@@ -36,6 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..clock import ScriptedClock
+from ..clock_feed import CorrectionsFeed
+from ..clock_pairs import PairwiseClocks
+from ..huygens import HuygensConfig
 from ..probe_paths import PeerTable, load_peers
 from ..probe_responder import Responder
 from ..probe_sample import ProbeSample
@@ -54,6 +63,8 @@ DEFAULT_PORT = 7447
 DEFAULT_PURE_TOLERANCE_NS = 10_000
 P = "ridethrough.probe."
 _NS_PER_S = 1e9
+CLOCK_WINDOW_S = 2.0
+"""Pairwise clock windows, and how often corrections are polled: the clock service's window."""
 CorrectionsProvider = Callable[[], Mapping[str, Correction]]
 PathTuple = tuple[str, str, str, str]
 T = TypeVar("T")
@@ -67,8 +78,14 @@ class ProbeSource:
                  settings: ProberSettings | None = None, host_time: HostTime | None = None,
                  corrections: CorrectionsProvider | None = None,
                  on_sample: Callable[[ProbeSample], None] | None = None,
-                 pure_tolerance_ns: int = DEFAULT_PURE_TOLERANCE_NS) -> None:
-        """Peers come from ``peers`` or ``peers_file``; ``local`` (NIC → address) from this node's entry if None."""
+                 pure_tolerance_ns: int = DEFAULT_PURE_TOLERANCE_NS, clocks: PairwiseClocks | None = None,
+                 feed: CorrectionsFeed | None = None) -> None:
+        """Peers come from ``peers`` or ``peers_file``; ``local`` (NIC → address) from this node's entry if None.
+
+        ``clocks`` gets every sample too and its window estimates are collected as
+        ``ridethrough.clock.pair.*``; ``feed`` (started and stopped with the source) becomes
+        ``corrections`` unless those are given.
+        """
         if interval_s <= 0 or pure_tolerance_ns < 0:
             raise ValueError("interval_s must be positive and pure_tolerance_ns non-negative")
         self.node = node
@@ -81,7 +98,10 @@ class ProbeSource:
         self._interval_s = interval_s
         self.settings = settings or ProberSettings()
         self._time = host_time or HostTime()
-        self.corrections = corrections
+        self.clocks = clocks
+        """The pairwise clock estimators (None: no clock estimates from this node)."""
+        self._feed = feed
+        self.corrections = corrections if corrections is not None or feed is None else feed
         """Where clock corrections come from, read at each `collect` (None: one-way delays are RTT/2)."""
         self.on_sample = on_sample
         """Gets every sample, in the prober's thread (the pairwise clock estimator); set it before `start`."""
@@ -108,10 +128,14 @@ class ProbeSource:
 
     def start(self, *, emit: EventSink) -> None:
         """Start answering and probing; a peers file that is not there yet is retried at each `collect`."""
+        if self._feed is not None:
+            self._feed.start()
         self._try_start()
 
     def stop(self, *, timeout_s: float) -> None:
-        """Stop probing and answering."""
+        """Stop probing and answering (and polling for corrections)."""
+        if self._feed is not None:
+            self._feed.stop(timeout_s=timeout_s)
         for part in (self._prober, self._responder):
             if part is not None:
                 part.stop(timeout_s=timeout_s)
@@ -125,6 +149,8 @@ class ProbeSource:
     def take(self, sample: ProbeSample) -> None:
         """One sample from the prober (its thread): into the path's window, then to ``on_sample``."""
         self._aggregator.add(sample)
+        if self.clocks is not None:
+            self.clocks.add(sample)
         if self.on_sample is not None:
             try:
                 self.on_sample(sample)
@@ -147,6 +173,8 @@ class ProbeSource:
                 out += _delays(window, attrs)
         self._last = {(s.path.local.node, s.path.local.nic, s.path.peer.node, s.path.peer.nic): s for s in statuses}
         out += self._own_counters()
+        if self.clocks is not None:
+            out += self.clocks.samples()
         return out
 
     def _own_counters(self) -> list[Sample]:
@@ -255,7 +283,12 @@ def from_config(cfg: AgentConfig) -> ProbeSource:
         losses_to_suspend=_get(cfg, "losses_to_suspend", 10),
         want_hardware=_get(cfg, "hardware_timestamps", False))
     clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else None
-    return ProbeSource(node=cfg.node_id or socket.gethostname(), local=dict(_get(cfg, "bind", {})),
+    node = cfg.node_id or socket.gethostname()
+    url: str = getattr(cfg, "clock_corrections_url", "")
+    window_s = CLOCK_WINDOW_S
+    return ProbeSource(node=node, local=dict(_get(cfg, "bind", {})),
                        peers_file=_get(cfg, "peers_file", ""), port=_get(cfg, "port", DEFAULT_PORT),
                        interval_s=cfg.interval_s, settings=settings, host_time=HostTime(clock) if clock else None,
-                       pure_tolerance_ns=round(_get(cfg, "pure_tolerance_us", 10.0) * 1000))
+                       pure_tolerance_ns=round(_get(cfg, "pure_tolerance_us", 10.0) * 1000),
+                       clocks=PairwiseClocks(node=node, config=HuygensConfig(window_ns=round(window_s * 1e9))),
+                       feed=CorrectionsFeed(url, interval_s=window_s) if url else None)

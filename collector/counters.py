@@ -100,9 +100,16 @@ class CounterTracker:
             ValueError: ``raw`` is negative; hardware counters are unsigned, so
                 this is a parsing bug upstream, not a reset.
         """
+        return self.observe_key((name, frozenset(attributes.items())), raw)
+
+    def observe_key(self, key: SeriesKey, raw: int) -> int:
+        """`observe` for a caller that keeps the series' key (it saves hashing the attributes each time).
+
+        Raises:
+            ValueError: ``raw`` is negative.
+        """
         if raw < 0:
-            raise ValueError(f"raw counter for {name} {dict(attributes)} is negative: {raw}")
-        key: SeriesKey = (name, frozenset(attributes.items()))
+            raise ValueError(f"raw counter for {key[0]} {dict(key[1])} is negative: {raw}")
         series = self._series.get(key)
         if series is None:
             self._series[key] = _Series(raw=raw, total=raw, seen=self._collection)

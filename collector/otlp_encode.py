@@ -3,13 +3,15 @@
 The SDK's encoder rebuilds every attribute of every point at every export. An agent
 sends the same series each second (1,400 of them on an 8-GPU, 8-NIC node, with up to a
 dozen attributes each), so that was most of its CPU. `CachingMetricsEncoder` encodes a
-point's attribute set once, keeps the bytes, and merges them into later points. For the
+point's attribute set once, keeps the bytes, and writes each later point as those bytes
+and its fixed-width time and value fields. For the
 sums and gauges of number points the agent exports its output equals the SDK's
 ``encode_metrics`` (the tests hold it to that); anything else is left to the SDK's encoder.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +24,25 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
 from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, Sum
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope as SdkScope
+
+# A NumberDataPoint's fixed-width fields, as protobuf writes them: tag byte, then 8 bytes
+# little-endian (start_time_unix_nano = 2 and time_unix_nano = 3 are fixed64, as_double = 4
+# a double, as_int = 6 an sfixed64). The data_points of a Sum or a Gauge are field 1.
+_TIMES = struct.Struct("<BQBQ")
+_TIME = struct.Struct("<BQ")
+_DOUBLE = struct.Struct("<Bd")
+_INT = struct.Struct("<Bq")
+_START_TAG, _TIME_TAG, _DOUBLE_TAG, _INT_TAG = 0x11, 0x19, 0x21, 0x31
+_DATA_POINTS_TAG = b"\x0a"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 class _NotNumbers(Exception):
@@ -58,14 +79,14 @@ class CachingMetricsEncoder:
 
     def __init__(self, *, max_entries: int = 200_000) -> None:
         self._max = max_entries
-        self._attrs: dict[tuple[tuple[str, Any], ...], bytes] = {}
+        self._attrs: dict[tuple[int, tuple[tuple[str, Any], ...]], bytes] = {}
         self._resources: dict[int, tuple[Resource, PbResource]] = {}
 
     def encode(self, data: MetricsData) -> ExportMetricsServiceRequest:
         """The request the SDK's ``encode_metrics`` would build, built faster."""
         try:
             return self._encode(data)
-        except (_NotNumbers, TypeError):  # exemplars, histograms, odd attribute values
+        except (_NotNumbers, TypeError, struct.error):  # exemplars, histograms, odd values
             return encode_metrics(data)
 
     def _encode(self, data: MetricsData) -> ExportMetricsServiceRequest:
@@ -93,36 +114,47 @@ class CachingMetricsEncoder:
             if data.data_points:
                 out.sum.aggregation_temporality = data.aggregation_temporality  # type: ignore[assignment]
                 out.sum.is_monotonic = data.is_monotonic
-            self._points(data.data_points, out.sum.data_points, start=True)
+                out.sum.MergeFromString(self._points(data.data_points, start=True))
         elif isinstance(data, Gauge):
             if data.data_points:
-                out.gauge.SetInParent()
-            self._points(data.data_points, out.gauge.data_points, start=False)
+                out.gauge.MergeFromString(self._points(data.data_points, start=False))
         else:
             raise _NotNumbers(metric.name)
 
-    def _points(self, points: Sequence[Any], out: Any, *, start: bool) -> None:
+    def _points(self, points: Sequence[Any], *, start: bool) -> bytes:
+        """The points as the serialized ``data_points`` of a Sum or Gauge.
+
+        Written by hand, not field by field through the protobuf API: each point is its cached
+        head (tag, length, attributes) and 27 (18 without a start time) bytes of fixed-width
+        fields, and the container parses the whole run in C at once.
+        """
+        chunks: list[bytes] = []
+        fixed = 27 if start else 18
         for point in points:
             if not isinstance(point, NumberDataPoint) or point.exemplars:
                 raise _NotNumbers()
-            pt = out.add()
-            pt.MergeFromString(self._attribute_bytes(point.attributes))
+            value = point.value
             if start:
-                pt.start_time_unix_nano = point.start_time_unix_nano
-            pt.time_unix_nano = point.time_unix_nano
-            if isinstance(point.value, int):
-                pt.as_int = point.value
+                times = _TIMES.pack(_START_TAG, point.start_time_unix_nano, _TIME_TAG, point.time_unix_nano)
             else:
-                pt.as_double = point.value
+                times = _TIME.pack(_TIME_TAG, point.time_unix_nano)
+            if isinstance(value, int):
+                number = _INT.pack(_INT_TAG, value)
+            else:
+                number = _DOUBLE.pack(_DOUBLE_TAG, value)
+            chunks += (self._head(point.attributes, fixed), times, number)
+        return b"".join(chunks)
 
-    def _attribute_bytes(self, attributes: Mapping[str, Any] | None) -> bytes:
-        key = tuple((attributes or {}).items())
-        encoded = self._attrs.get(key)  # a TypeError here (a list value) goes to the SDK's encoder
-        if encoded is None:
+    def _head(self, attributes: Mapping[str, Any] | None, fixed: int) -> bytes:
+        """A data point's tag, length and encoded attributes, for points of ``fixed`` more bytes."""
+        key = (fixed, tuple((attributes or {}).items()))
+        head = self._attrs.get(key)  # a TypeError here (a list value) goes to the SDK's encoder
+        if head is None:
             if len(self._attrs) >= self._max:
                 self._attrs.clear()
-            encoded = self._attrs[key] = pb.NumberDataPoint(attributes=key_values(attributes)).SerializeToString()
-        return encoded
+            encoded = pb.NumberDataPoint(attributes=key_values(attributes)).SerializeToString()
+            head = self._attrs[key] = _DATA_POINTS_TAG + _varint(len(encoded) + fixed) + encoded
+        return head
 
 
 def _scope(scope: SdkScope) -> InstrumentationScope:

@@ -338,9 +338,10 @@ def _fail_reads(monkeypatch: pytest.MonkeyPatch, failures: Mapping[str, int]) ->
     """Make reads of files named in ``failures`` raise OSError with that errno, as the kernel does."""
     real = sysfs_module.read_sysfs_text
 
-    def read(path: Path) -> str:
-        if path.name in failures:
-            code = failures[path.name]
+    def read(path: str | Path) -> str:
+        name = os.path.basename(path)
+        if name in failures:
+            code = failures[name]
             raise OSError(code, os.strerror(code), str(path))
         text: str = real(path)
         return text

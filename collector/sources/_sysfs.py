@@ -13,18 +13,19 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from ..counters import CounterTracker
+from ..counters import CounterTracker, SeriesKey, parse_counter
 from ..sample import MetricKind, Sample
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-def read_sysfs_text(path: Path) -> str:
+def read_sysfs_text(path: str | Path) -> str:
     """Read one sysfs attribute whole (the seam between these sources and the kernel).
 
     Raises:
@@ -44,6 +45,23 @@ def gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -
     return Sample(metric, float(value), MetricKind.GAUGE, unit, dict(attributes))
 
 
+@dataclass(frozen=True, slots=True)
+class CounterFile:
+    """One counter file and the series it feeds, worked out once and reused every collection."""
+
+    path: str
+    metric: str
+    unit: str
+    attributes: dict[str, str]
+    """Shared by every sample of the series: readers must not change it."""
+    key: SeriesKey
+    multiplier: int = 1
+
+
+Describe = Callable[[str], tuple[str, str, dict[str, str], int]]
+"""A counter file's name → (metric, unit, attributes, multiplier to the unit)."""
+
+
 class SysfsSource:
     """Base of sysfs sources: subclasses name themselves and implement `_read_all`."""
 
@@ -56,6 +74,8 @@ class SysfsSource:
         self._interval_s = float(interval_s)
         self._tracker = CounterTracker(max_idle_collections=max_idle_collections)
         self._errors_total = 0
+        self._file_entries: dict[tuple[str, str], CounterFile] = {}
+        self._file_entries_seen: dict[tuple[str, str], CounterFile] = {}
 
     @property
     def name(self) -> str:
@@ -84,6 +104,8 @@ class SysfsSource:
             samples.extend(self._read_all())
         finally:
             self._tracker.end_collection()
+            # keep only the files this collection read: a vanished port's entries go with it
+            self._file_entries, self._file_entries_seen = self._file_entries_seen, {}
         return samples
 
     def _read_all(self) -> Iterable[Sample]:
@@ -93,11 +115,25 @@ class SysfsSource:
         total = self._tracker.observe(metric, attributes, raw)
         return Sample(metric, float(total), MetricKind.COUNTER, unit, dict(attributes))
 
-    def _value(self, path: Path, parse: Callable[[str], _T]) -> _T | None:
+    def _counter_files(self, directory: str, files: Iterable[str], describe: Describe) -> Iterator[Sample]:
+        """A counter sample for each of ``files`` in ``directory`` that reads and parses."""
+        for file in files:
+            entry = self._file_entries.get((directory, file))
+            if entry is None:
+                metric, unit, attributes, multiplier = describe(file)
+                entry = CounterFile(os.path.join(directory, file), metric, unit, attributes,
+                                    (metric, frozenset(attributes.items())), multiplier)
+            self._file_entries_seen[(directory, file)] = entry
+            raw = self._value(entry.path, parse_counter)
+            if raw is not None:
+                total = self._tracker.observe_key(entry.key, raw * entry.multiplier)
+                yield Sample(entry.metric, float(total), MetricKind.COUNTER, entry.unit, entry.attributes)
+
+    def _value(self, path: str | Path, parse: Callable[[str], _T]) -> _T | None:
         try:
             text = read_sysfs_text(path)
         except OSError as exc:
-            unknown = exc.errno == errno.EINVAL and path.name in self.einval_means_unknown
+            unknown = exc.errno == errno.EINVAL and os.path.basename(path) in self.einval_means_unknown
             if exc.errno != errno.ENOENT and not unknown:
                 self._error(path, exc)
             return None
@@ -107,7 +143,7 @@ class SysfsSource:
             self._error(path, exc)
             return None
 
-    def _error(self, path: Path, exc: Exception) -> None:
+    def _error(self, path: str | Path, exc: Exception) -> None:
         self._errors_total += 1
         # Debug, not warning: a broken file would otherwise log every interval.
         _log.debug("%s: skipping %s: %s", self.source_name, path, exc)

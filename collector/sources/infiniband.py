@@ -42,7 +42,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..counters import parse_counter
 from ..sample import Sample
 from ._sysfs import SysfsSource, gauge
 
@@ -223,27 +222,22 @@ class InfinibandSource(SysfsSource):
 
     def _counters(self, directory: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
         # A port without counters/ is normal: the driver has no PMA (no process_mad).
-        for file in self._files(directory):
-            raw = self._value(directory / file, parse_counter)
-            if raw is None:
-                continue
+        def describe(file: str) -> tuple[str, str, dict[str, str], int]:
             mapped = _MAPPED_COUNTERS.get(file)
             if mapped is None:
-                attrs = {**attributes, _COUNTER: file}
-                yield self._counter("ridethrough.ib.port.errors", "{error}", attrs, raw)
-            else:
-                metric, unit, extra, multiplier = mapped
-                yield self._counter(metric, unit, {**attributes, **extra}, raw * multiplier)
+                return "ridethrough.ib.port.errors", "{error}", {**attributes, _COUNTER: file}, 1
+            metric, unit, extra, multiplier = mapped
+            return metric, unit, {**attributes, **extra}, multiplier
+
+        yield from self._counter_files(str(directory), self._files(directory), describe)
 
     def _hw_counters(self, directory: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
         # A port without hw_counters/ is normal: the driver has no alloc_hw_stats.
-        for file in self._files(directory):
-            if file in _NOT_HW_COUNTERS:
-                continue
-            raw = self._value(directory / file, parse_counter)
-            if raw is not None:
-                attrs = {**attributes, _COUNTER: file}
-                yield self._counter("ridethrough.ib.port.hw_counter", "1", attrs, raw)
+        def describe(file: str) -> tuple[str, str, dict[str, str], int]:
+            return "ridethrough.ib.port.hw_counter", "1", {**attributes, _COUNTER: file}, 1
+
+        files = [f for f in self._files(directory) if f not in _NOT_HW_COUNTERS]
+        yield from self._counter_files(str(directory), files, describe)
 
     def _files(self, directory: Path) -> list[str]:
         try:

@@ -188,17 +188,15 @@ class NetdevSource(SysfsSource):
         except OSError as exc:
             self._error(directory, exc)
             return
-        for file in files:
-            raw = self._value(directory / file, parse_counter)
-            if raw is None:
-                continue
+
+        def describe(file: str) -> tuple[str, str, dict[str, str], int]:
             mapped = _MAPPED_STATISTICS.get(file)
             if mapped is None:
-                attrs = {_IFACE: interface, "nic.counter": file}
-                yield self._counter("ridethrough.nic.stat", "1", attrs, raw)
-            else:
-                metric, unit, direction = mapped
-                yield self._counter(metric, unit, {_IFACE: interface, _DIRECTION: direction}, raw)
+                return "ridethrough.nic.stat", "1", {_IFACE: interface, "nic.counter": file}, 1
+            metric, unit, direction = mapped
+            return metric, unit, {_IFACE: interface, _DIRECTION: direction}, 1
+
+        yield from self._counter_files(str(directory), files, describe)
 
     def _link_gauges(self, base: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
         operstate = self._value(base / "operstate", parse_operstate)

@@ -43,7 +43,7 @@ from ridethrough.collector.nvml import (
 )
 from ridethrough.collector.sample import Event, EventSink, MetricKind, Sample
 
-from .gpu_fields import GPU_ATTRIBUTES, UNKNOWN, GpuIdentity, GpuReader, samples_of, status_samples
+from .gpu_fields import GPU_ATTRIBUTES, UNKNOWN, GpuIdentity, GpuReader, LinkSamples, samples_of, status_samples
 from .gpu_xid import XidWatcher, xid_class_name, xid_event
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class GpuSource:
         self._interval_s = float(interval_s)
         self._clock = clock
         self._reader = GpuReader(backend, nvlink_every=nvlink_every)
+        self._link_samples = LinkSamples()
         self._counters = CounterTracker(max_idle_collections=max_idle_collections)
         self._watcher = XidWatcher(backend.wait_xid, self._on_xid, wait_ms=xid_wait_ms,
                                    backoff_initial_s=xid_backoff_initial_s, backoff_max_s=xid_backoff_max_s)
@@ -217,7 +218,7 @@ class GpuSource:
             self._lost.discard(index)
             self._send(Event("gpu.recovered", f"GPU {index} ({identity.uuid}) answers NVML again", now_ns,
                              "INFO", attrs))
-        return samples_of(reading, attrs, self._counters)
+        return samples_of(reading, attrs, self._counters, self._link_samples.of(index, reading, attrs, self._counters))
 
     def _identity(self, index: int) -> GpuIdentity:
         with self._lock:

@@ -207,11 +207,34 @@ def status_samples(attrs: Mapping[str, str], state: str) -> list[Sample]:
     return [_gauge("hw.status", "1", {**attrs, "hw.state": s}, s == state) for s in HEALTH_STATES]
 
 
-def samples_of(reading: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> list[Sample]:
-    """Every sample of one GPU's reading; counters go through ``counters`` so they never go down."""
+class LinkSamples:
+    """NVLink samples per GPU, rebuilt only when the reader read NVLink again.
+
+    NVLink is most of a GPU's series (18 links x 5); between two reads its values are the same
+    objects, so the last samples stand (their counters' totals cannot have moved).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[object, list[Sample]]] = {}
+
+    def of(self, index: int, r: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> list[Sample]:
+        """The NVLink samples of GPU ``index``'s reading."""
+        last = self._last.get(index)
+        if last is None or last[0] is not r.links:
+            last = (r.links, list(_links(r, attrs, counters)))
+            self._last[index] = last
+        return last[1]
+
+
+def samples_of(reading: GpuReading, attrs: Mapping[str, str], counters: CounterTracker,
+               links: list[Sample] | None = None) -> list[Sample]:
+    """Every sample of one GPU's reading; counters go through ``counters`` so they never go down.
+
+    ``links``: the reading's NVLink samples when the caller keeps them (see `LinkSamples`).
+    """
+    link_samples = links if links is not None else list(_links(reading, attrs, counters))
     return [*_load(reading, attrs), *_clocks(reading, attrs), *_memory_health(reading, attrs, counters),
-            *_links(reading, attrs, counters), *_recovery(reading, attrs),
-            *status_samples(attrs, health_state(reading))]
+            *link_samples, *_recovery(reading, attrs), *status_samples(attrs, health_state(reading))]
 
 
 def _gauge(name: str, unit: str, attrs: Mapping[str, str], value: float) -> Sample:

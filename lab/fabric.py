@@ -32,7 +32,7 @@ from ridethrough.lab.hostops import LabBase
 from ridethrough.lab.netns import Handles, NsHandle
 from ridethrough.lab.procs import ProcRef
 from ridethrough.lab.routing import plan
-from ridethrough.lab.state import State, StateFile, default_state_root
+from ridethrough.lab.state import State, StateFile, default_state_root, read_running
 from ridethrough.lab.teardown import DownReport
 from ridethrough.lab.topology import Kind, Link, Topology, TopologySpec, check_lab_name
 
@@ -109,11 +109,7 @@ class Lab(LabBase):
     @classmethod
     def attach(cls, name: str, *, state_root: Path | None = None) -> Lab:
         """A handle on a running namespace lab (no cleanup at exit: it is not ours)."""
-        sf = StateFile(state_root or default_state_root(os.environ), check_lab_name(name))
-        state = sf.read()
-        if state.get("mode") != "netns":
-            raise LabError(f"lab {name} runs in {state.get('mode')} mode, not on namespaces")
-        return cls(sf, state)
+        return cls(*read_running(name, state_root=state_root, mode="netns"))
 
     def close(self) -> None:
         """Close this handle's netlink sockets (each keeps its namespace alive); they reopen on use."""

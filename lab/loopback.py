@@ -20,7 +20,7 @@ from typing import Any
 from ridethrough.lab import build, cgroups
 from ridethrough.lab.control import LabError
 from ridethrough.lab.hostops import LabBase
-from ridethrough.lab.state import State, StateFile, default_state_root, root_lock
+from ridethrough.lab.state import State, StateFile, default_state_root, read_running, root_lock
 from ridethrough.lab.topology import Topology, TopologySpec, check_lab_name
 
 
@@ -100,11 +100,7 @@ class LoopbackLab(LabBase):
     @classmethod
     def attach(cls, name: str, *, state_root: Path | None = None) -> LoopbackLab:
         """A handle on a running loopback lab."""
-        sf = StateFile(state_root or default_state_root(os.environ), check_lab_name(name))
-        state = sf.read()
-        if state.get("mode") != "loopback":
-            raise LabError(f"lab {name} runs in {state.get('mode')} mode, not loopback")
-        return cls(sf, state)
+        return cls(*read_running(name, state_root=state_root, mode="loopback"))
 
     def _check_can_cut(self, link: str) -> None:
         raise self._no_fabric(f"taking {link} down after a ramp")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ridethrough.lab.control import LabError
+from ridethrough.lab.topology import check_lab_name
 
 DEFAULT_STATE_ROOT = Path("/run/ridethrough/labs")
 STATE_ROOT_ENV = "RIDETHROUGH_LAB_STATE_ROOT"
@@ -147,3 +148,12 @@ class StateFile:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+def read_running(name: str, *, state_root: Path | None, mode: str) -> tuple[StateFile, State]:
+    """The state file and state of running lab ``name``; `LabError` if it runs in another mode."""
+    sf = StateFile(state_root or default_state_root(os.environ), check_lab_name(name))
+    state = sf.read()
+    if state.get("mode") != mode:
+        raise LabError(f"lab {name} runs in {state.get('mode')} mode, not {mode}")
+    return sf, state

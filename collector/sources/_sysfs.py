@@ -40,6 +40,14 @@ def read_sysfs_text(path: str | Path) -> str:
         os.close(fd)
 
 
+def nonempty(text: str, what: str) -> str:
+    """The attribute's text without surrounding white space; ValueError naming ``what`` if empty."""
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError(f"{what} is empty")
+    return stripped
+
+
 def gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -> Sample:
     """A gauge sample (attributes copied)."""
     return Sample(metric, float(value), MetricKind.GAUGE, unit, dict(attributes))

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..sample import Sample
-from ._sysfs import SysfsSource, gauge
+from ._sysfs import SysfsSource, gauge, nonempty
 
 if TYPE_CHECKING:
     from ridethrough.settings import AgentConfig
@@ -138,10 +138,7 @@ def parse_link_layer(text: str) -> str:
     Raises:
         ValueError: the file is empty.
     """
-    stripped = text.strip()
-    if not stripped:
-        raise ValueError("link_layer is empty")
-    return stripped
+    return nonempty(text, "link_layer")
 
 
 class InfinibandSource(SysfsSource):

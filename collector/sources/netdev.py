@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..counters import parse_counter
 from ..sample import Sample
-from ._sysfs import SysfsSource, gauge
+from ._sysfs import SysfsSource, gauge, nonempty
 
 if TYPE_CHECKING:
     from ridethrough.settings import AgentConfig
@@ -97,10 +97,7 @@ def parse_operstate(text: str) -> str:
     Raises:
         ValueError: the file is empty.
     """
-    stripped = text.strip()
-    if not stripped:
-        raise ValueError("operstate is empty")
-    return stripped
+    return nonempty(text, "operstate")
 
 
 class NetdevSource(SysfsSource):

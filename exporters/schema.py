@@ -272,7 +272,10 @@ def _engine(table: Table, local_name: str, cluster: str) -> str:
         return table.engine
     # {shard}/{replica} are macros every replica defines in its server config.
     zk_path = f"'/clickhouse/tables/{{shard}}/{{database}}/{local_name}'"
-    return f"Replicated{table.engine}({zk_path}, '{{replica}}')"
+    # An engine with parameters (``ReplacingMergeTree(Version)``) keeps them after the replication ones.
+    engine, _, params = table.engine.partition("(")
+    extra = f", {params.removesuffix(')')}" if params else ""
+    return f"Replicated{engine}({zk_path}, '{{replica}}'{extra})"
 
 
 def _settings(cluster: str) -> str:

@@ -119,10 +119,43 @@ def server(
     gcfg = _load("gateway", config, otlp_listen=otlp_listen, store=store, spool=spool,
                  metrics_listen=metrics_listen, ready_file=ready_file)
     scfg = _load("server", config, store_http_listen=store_http_listen, clock_listen=clock_listen)
-    with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg) as runtime:
+    ccfg = _load("controller", config)
+    with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg, controller_cfg=ccfg) as runtime:
         wiring.tune_gc_for_ingest()
         typer.echo(f"server: {runtime.addresses}", err=True)
         _wait_for_signal(duration)
+
+
+@app.command()
+def controller(
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    metrics_listen: Annotated[str | None, typer.Option(help="Prometheus /metrics HOST:PORT.")] = None,
+    cluster: Annotated[str | None, typer.Option(help="Fleet cluster to watch (empty: all).")] = None,
+    ready_file: Annotated[str | None, typer.Option(help="Write bound addresses here as JSON.")] = None,
+    duration: Duration = None,
+    verbose: Verbose = False,
+) -> None:
+    """Run the controller alone: detectors on a schedule against the store, incidents tracked there."""
+    from ridethrough import wiring
+    from ridethrough.detectors.controller import PluginError
+
+    _logging(verbose)
+    gcfg = _load("gateway", config, store=store)
+    cfg = _load("controller", config, metrics_listen=metrics_listen, cluster=cluster)
+    runtime = wiring.ControllerRuntime(cfg=cfg, store=wiring.open_store(gcfg))
+    try:
+        addresses = runtime.start()
+    except PluginError as exc:
+        typer.echo(f"ridethrough: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if ready_file:
+        wiring.write_ready_file(ready_file, addresses)
+    typer.echo(f"controller: store {runtime.store.dsn}, {addresses}", err=True)
+    try:
+        _wait_for_signal(duration)
+    finally:
+        runtime.stop()
 
 
 @app.command()
@@ -201,19 +234,22 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
                ) -> None:
     """Create every table and view, idempotently."""
     from ridethrough import wiring
+    from ridethrough.detectors.incidents import ensure_incidents_table, incidents_ddl
     from ridethrough.exporters import schema
     from ridethrough.exporters.store import StoreError, StoreUnavailable
     from ridethrough.lab.truth import ensure_truth_table, truth_ddl
 
     cfg = _load("gateway", config, store=store, cluster=cluster)
     if print_sql:
-        statements = [*schema.ddl(cluster=cfg.cluster), *truth_ddl(cluster=cfg.cluster)]
+        statements = [*schema.ddl(cluster=cfg.cluster), *truth_ddl(cluster=cfg.cluster),
+                      *incidents_ddl(cluster=cfg.cluster)]
         typer.echo(";\n\n".join(statements) + ";")
         return
     try:
         target = wiring.open_store(cfg)
         n = target.init_schema()
         ensure_truth_table(target)  # domain tables sit beside the OTel ones
+        ensure_incidents_table(target)
     except (StoreUnavailable, StoreError) as exc:
         typer.echo(f"ridethrough: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -221,7 +257,7 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
 
 
 @config_app.command("show")
-def config_show(component: Annotated[str, typer.Argument(help="agent, gateway or server.")],
+def config_show(component: Annotated[str, typer.Argument(help="agent, gateway, server or controller.")],
                 config: ConfigOpt = None) -> None:
     """Print the effective config of a component and where each value came from."""
     try:

@@ -120,6 +120,25 @@ class ServerConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerConfig:
+    """The controller: runs the detectors on their schedules against the store and tracks incidents."""
+
+    enabled: bool = field(default=True, metadata=_help(
+        "Run the controller inside `ridethrough server` (the standalone `controller` command always runs it)."))
+    interval_floor_s: float = field(default=1.0, metadata=_help(
+        "Shortest interval any detector runs at, in seconds (a detector asking for less gets this).", min=0.05))
+    quiet_s: float = field(default=30.0, metadata=_help(
+        "Seconds without a finding before an incident resolves.", min=0))
+    reopen_hysteresis_s: float = field(default=120.0, metadata=_help(
+        "A key found again within this many seconds of resolving reopens the same incident.", min=0))
+    metrics_listen: str = field(default="", metadata=_help(
+        "The standalone controller's /metrics HOST:PORT; empty turns it off (in the server, its metrics "
+        "are on the gateway's /metrics).", check=check_listen))
+    cluster: str = field(default="", metadata=_help(
+        "Fleet cluster whose data the detectors read and whose incidents this controller owns; empty: all."))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
     """The node agent: samples its sources and exports them to a gateway."""
 
@@ -180,6 +199,7 @@ COMPONENTS: Mapping[str, type] = MappingProxyType({
     "agent": AgentConfig,
     "gateway": GatewayConfig,
     "server": ServerConfig,
+    "controller": ControllerConfig,
 })
 
 

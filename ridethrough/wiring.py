@@ -24,6 +24,9 @@ from ridethrough import catalogue
 from ridethrough.collector.agent import Agent, AgentIdentity
 from ridethrough.collector.clock import Clock, ScriptedClock
 from ridethrough.collector.registry import build_sources
+from ridethrough.detectors.controller import Controller, ControllerMetrics, default_detectors
+from ridethrough.detectors.incident_events import IncidentEmitter
+from ridethrough.detectors.incidents import IncidentTracker
 from ridethrough.exporters.clock_http import ClockEndpoint
 from ridethrough.exporters.clock_service import ClockService
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
@@ -33,7 +36,7 @@ from ridethrough.exporters.rows import Limits
 from ridethrough.exporters.spool import Spool
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
 from ridethrough.exporters.store_http import StoreHttpEndpoint
-from ridethrough.settings import AgentConfig, GatewayConfig, ServerConfig, parse_hostport
+from ridethrough.settings import AgentConfig, ControllerConfig, GatewayConfig, ServerConfig, parse_hostport
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +155,55 @@ def build_agent(cfg: AgentConfig) -> Agent:
                  descriptions={m.name: m.description for m in catalogue.metrics()})
 
 
-class ServerRuntime:
-    """The all-in-one server: one store client shared by the gateway, the store endpoint and the clock service."""
+def build_controller(cfg: ControllerConfig, *, store: Store, metrics: ControllerMetrics,
+                     event_metrics: GatewayMetrics) -> Controller:
+    """A controller over ``store`` with the installed detector plugins (a bad plugin raises `PluginError`)."""
+    tracker = IncidentTracker(store, quiet_s=cfg.quiet_s, reopen_hysteresis_s=cfg.reopen_hysteresis_s,
+                              cluster=cfg.cluster or None)
+    return Controller(store=store, detectors=default_detectors(cfg), tracker=tracker, metrics=metrics,
+                      emit=IncidentEmitter(store=store, metrics=event_metrics), cluster=cfg.cluster,
+                      interval_floor_s=cfg.interval_floor_s)
 
-    def __init__(self, *, gateway_cfg: GatewayConfig, server_cfg: ServerConfig) -> None:
+
+@dataclass
+class ControllerRuntime:
+    """The controller alone (``ridethrough controller``), with its own /metrics."""
+
+    cfg: ControllerConfig
+    store: Store
+    addresses: dict[str, str] = field(default_factory=dict)
+    controller: Controller | None = None
+    _http: Any = None
+
+    def start(self) -> dict[str, str]:
+        """Load the detectors, start ticking, serve /metrics."""
+        metrics = ControllerMetrics.create()
+        self.controller = build_controller(self.cfg, store=self.store, metrics=metrics,
+                                           event_metrics=GatewayMetrics.create())
+        self.controller.start()
+        if self.cfg.metrics_listen:
+            host, port = parse_hostport(self.cfg.metrics_listen)
+            self._http, _ = start_http_server(port, addr=host, registry=metrics.registry)
+            self.addresses["metrics"] = _address(host, self._http.server_port)
+        return self.addresses
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop ticking and serving."""
+        if self.controller is not None:
+            self.controller.stop(timeout_s)
+        if self._http is not None:
+            self._http.shutdown()
+
+
+class ServerRuntime:
+    """The all-in-one server: one store client shared by the gateway, the store endpoint, the clock service
+    and the controller."""
+
+    def __init__(self, *, gateway_cfg: GatewayConfig, server_cfg: ServerConfig,
+                 controller_cfg: ControllerConfig | None = None) -> None:
         self.store = open_store(gateway_cfg)
+        self._controller_cfg = controller_cfg if controller_cfg is not None else ControllerConfig()
+        self.controller: Controller | None = None
         self.gateway = GatewayRuntime(cfg=gateway_cfg, store=self.store)
         self._server_cfg = server_cfg
         self._endpoint: StoreHttpEndpoint | None = None
@@ -174,6 +221,7 @@ class ServerRuntime:
             bound_host, bound_port = self._endpoint.start()
             self.addresses["store_http"] = f"http://{_address(bound_host, bound_port)}"
         self._start_clock()
+        self._start_controller()
         if self.gateway.cfg.ready_file:
             write_ready_file(self.gateway.cfg.ready_file, self.addresses)
         return self.addresses
@@ -191,8 +239,19 @@ class ServerRuntime:
             bound_host, bound_port = self._clock_http.start()
             self.addresses["clock"] = f"http://{_address(bound_host, bound_port)}"
 
+    def _start_controller(self) -> None:
+        if not self._controller_cfg.enabled:
+            return
+        # Its metrics join the gateway's registry: one /metrics for the whole server.
+        metrics = ControllerMetrics.create(self.gateway.metrics.registry)
+        self.controller = build_controller(self._controller_cfg, store=self.store, metrics=metrics,
+                                           event_metrics=self.gateway.metrics)
+        self.controller.start()
+
     def stop(self) -> None:
-        """Stop the clock service, the endpoints and the gateway."""
+        """Stop the controller, the clock service, the endpoints and the gateway."""
+        if self.controller is not None:
+            self.controller.stop()
         if self._clock_http is not None:
             self._clock_http.stop()
         if self.clock is not None:

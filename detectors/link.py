@@ -1,0 +1,187 @@
+"""Link detectors: a port that went down, one that flaps, one whose error rate is climbing.
+
+Entities are NICs, ``{node}/{ib.device}`` (IB) or ``{node}/{interface}`` (netdev): naming the
+cable (``h3-leaf1r0``) needs the topology, which is localisation's business, not ours.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ridethrough.detectors import sql
+from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
+
+IB_ACTIVE = 4.0
+"""``ridethrough.ib.port.state`` of an ACTIVE port."""
+IB_PORT = ("ib.device", "ib.port")
+NIC = ("network.interface.name",)
+DEGRADING_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors")
+
+
+def _nic_entity(row: dict[str, Any], device_attr: str) -> str:
+    return f"{row['node']}/{row[device_attr]}"
+
+
+def _finding(detector: str, kind: FindingKind, severity: Severity, row: dict[str, Any], device_attr: str,
+             summary: str, window: Window, evidence: dict[str, Any], **extra: Any) -> Finding:
+    return Finding(
+        detector=detector, kind=kind, entity_type=EntityType.NIC, entity=_nic_entity(row, device_attr),
+        severity=severity, confidence=extra.pop("confidence", 0.9), summary=summary,
+        observed_at_ns=int(row["last_ns"]), cluster=window.cluster,
+        evidence={"node": row["node"], "host": row["host"], "device": row[device_attr], **evidence}, **extra,
+    )
+
+
+class LinkDown:
+    """A port that is down now after being up in the window, or whose ``link_downed`` rose.
+
+    Queries: ``ib_port_state`` (latest state per port, and whether it was ACTIVE),
+    ``ib_link_downed`` (increase of the counter), ``nic_up`` (latest ``ridethrough.nic.up``).
+    """
+
+    name = "link_down"
+
+    def __init__(self, *, interval_s: float = 2.0, window_s: float = 60.0) -> None:
+        self.interval_s = interval_s
+        self.window_s = window_s
+
+    def detect(self, window: Window) -> list[Finding]:
+        """Findings for ports down now (state) or that went down in the window (counter)."""
+        found: dict[str, Finding] = {}
+        for row in sql.gauge_series(window, "ridethrough.ib.port.state", IB_PORT, up_value=IB_ACTIVE):
+            if row["had_up"] and row["latest"] != IB_ACTIVE:
+                f = self._ib(row, window, "ib_port_state", {"state": row["latest"]},
+                             f"IB port state {row['latest']:g} (was ACTIVE)")
+                found[f.entity] = f
+        downed = sql.counter_series(window, "ridethrough.ib.port.errors", IB_PORT,
+                                    match={"ib.counter": ["link_downed"]})
+        for row in downed:
+            if row["increase"] > 0 and _nic_entity(row, "ib.device") not in found:
+                f = self._ib(row, window, "ib_link_downed", {"link_downed_increase": row["increase"]},
+                             f"link_downed rose by {row['increase']:g}")
+                found[f.entity] = f
+        for row in sql.gauge_series(window, "ridethrough.nic.up", NIC):
+            if row["had_up"] and row["latest"] != 1.0:
+                f = _finding(self.name, FindingKind.LINK_DOWN, Severity.CRITICAL, row, "network.interface.name",
+                             f"{_nic_entity(row, 'network.interface.name')} is down (was up)", window,
+                             {"query": "nic_up", "up": row["latest"]})
+                found[f.entity] = f
+        return list(found.values())
+
+    def _ib(self, row: dict[str, Any], window: Window, query: str, values: dict[str, Any], why: str) -> Finding:
+        entity = _nic_entity(row, "ib.device")
+        return _finding(self.name, FindingKind.LINK_DOWN, Severity.CRITICAL, row, "ib.device",
+                        f"{entity} port {row['ib.port']} down: {why}", window,
+                        {"query": query, "port": row["ib.port"], **values})
+
+
+class LinkFlap:
+    """A port that went down and up at least ``min_transitions`` times in the window.
+
+    IB: changes of ``ib.port.state`` between ACTIVE and not, or twice the ``link_downed``
+    increase (each down is a down and an up), whichever is more. Netdev: changes of
+    ``nic.up``, or the ``carrier_changes`` increase, whichever is more.
+    """
+
+    name = "link_flap"
+
+    def __init__(self, *, interval_s: float = 5.0, window_s: float = 300.0, min_transitions: int = 3) -> None:
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.min_transitions = min_transitions
+
+    def detect(self, window: Window) -> list[Finding]:
+        """One finding per flapping NIC."""
+        counts: dict[tuple[str, str], tuple[float, dict[str, Any], str]] = {}
+
+        def note(row: dict[str, Any], attr: str, n: float, query: str) -> None:
+            key = (attr, _nic_entity(row, attr))
+            if n > counts.get(key, (0.0, row, query))[0]:
+                counts[key] = (n, row, query)
+
+        for row in sql.gauge_series(window, "ridethrough.ib.port.state", IB_PORT, up_value=IB_ACTIVE):
+            note(row, "ib.device", row["transitions"], "ib_port_state")
+        for row in sql.counter_series(window, "ridethrough.ib.port.errors", IB_PORT,
+                                      match={"ib.counter": ["link_downed"]}):
+            note(row, "ib.device", 2 * row["increase"], "ib_link_downed")
+        for row in sql.gauge_series(window, "ridethrough.nic.up", NIC):
+            note(row, "network.interface.name", row["transitions"], "nic_up")
+        for row in sql.counter_series(window, "ridethrough.nic.carrier_changes", NIC):
+            note(row, "network.interface.name", row["increase"], "nic_carrier_changes")
+        return [
+            _finding(self.name, FindingKind.LINK_FLAP, Severity.WARNING, row, attr,
+                     f"{entity} flapped: {n:g} up/down transitions in {window.seconds:g} s", window,
+                     {"query": query, "transitions": n})
+            for (attr, entity), (n, row, query) in counts.items() if n >= self.min_transitions
+        ]
+
+
+class LinkDegrading:
+    """A port whose physical-layer error rate is above a floor and rising: a prediction.
+
+    Query ``ib_error_rate``: per port, the increase of the error counters in each half of
+    the window. It fires when the second half's rate exceeds ``min_rate_per_s`` and is at
+    least ``rise_factor`` times the first half's (a flat non-zero rate, normal on PAM4 links,
+    does not fire). Time to failure, crudely: the rate is taken to grow linearly, at the
+    slope between the two halves' rates, and the link to fail when it reaches
+    ``failure_rate_per_s``: ``(failure - r2) / slope`` (0 when already past).
+    """
+
+    name = "link_degrading"
+
+    def __init__(self, *, interval_s: float = 10.0, window_s: float = 300.0, min_rate_per_s: float = 1.0,
+                 rise_factor: float = 1.5, failure_rate_per_s: float = 100.0) -> None:
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.min_rate_per_s = min_rate_per_s
+        self.rise_factor = rise_factor
+        self.failure_rate_per_s = failure_rate_per_s
+
+    def detect(self, window: Window) -> list[Finding]:
+        """One finding per port with a rising error rate (its counters summed)."""
+        per_port: dict[tuple[str, str, str], dict[str, Any]] = {}
+        rows = sql.counter_series(window, "ridethrough.ib.port.errors", (*IB_PORT, "ib.counter"),
+                                  match={"ib.counter": list(DEGRADING_COUNTERS)})
+        for row in rows:
+            port = per_port.setdefault((row["node"], row["ib.device"], row["ib.port"]),
+                                       {**row, "first": 0.0, "second": 0.0, "counters": {}})
+            port["first"] += row["increase_first"]
+            port["second"] += row["increase_second"]
+            port["counters"][row["ib.counter"]] = row["increase"]
+            port["last_ns"] = max(port["last_ns"], row["last_ns"])
+        half_s = window.seconds / 2
+        return [f for port in per_port.values() if (f := self._judge(port, half_s, window)) is not None]
+
+    def _judge(self, port: dict[str, Any], half_s: float, window: Window) -> Finding | None:
+        if half_s <= 0:
+            return None
+        r1, r2 = port["first"] / half_s, port["second"] / half_s
+        if r2 < self.min_rate_per_s or r2 < self.rise_factor * r1:
+            return None
+        slope = (r2 - r1) / half_s
+        ttf = max(0.0, (self.failure_rate_per_s - r2) / slope) if slope > 0 else math.inf
+        return _finding(
+            self.name, FindingKind.LINK_DEGRADING, Severity.WARNING, port, "ib.device",
+            f"{_nic_entity(port, 'ib.device')} port {port['ib.port']} errors rising: "
+            f"{r1:.3g}/s then {r2:.3g}/s", window,
+            {"query": "ib_error_rate", "port": port["ib.port"], "rate_first_per_s": r1,
+             "rate_second_per_s": r2, "increase_by_counter": port["counters"]},
+            confidence=0.6, time_to_failure_s=None if math.isinf(ttf) else ttf,
+        )
+
+
+def build(cfg: object) -> list[Detector]:
+    """The link detectors, thresholds from ``cfg`` where it has them."""
+    return [
+        LinkDown(interval_s=getattr(cfg, "link_down_interval_s", 2.0),
+                 window_s=getattr(cfg, "link_down_window_s", 60.0)),
+        LinkFlap(interval_s=getattr(cfg, "link_flap_interval_s", 5.0),
+                 window_s=getattr(cfg, "link_flap_window_s", 300.0),
+                 min_transitions=getattr(cfg, "link_flap_min_transitions", 3)),
+        LinkDegrading(interval_s=getattr(cfg, "link_degrading_interval_s", 10.0),
+                      window_s=getattr(cfg, "link_degrading_window_s", 300.0),
+                      min_rate_per_s=getattr(cfg, "link_degrading_min_rate_per_s", 1.0),
+                      rise_factor=getattr(cfg, "link_degrading_rise_factor", 1.5),
+                      failure_rate_per_s=getattr(cfg, "link_degrading_failure_rate_per_s", 100.0)),
+    ]

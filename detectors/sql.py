@@ -1,0 +1,142 @@
+"""Query helpers the detectors share: one summary row per series, aggregated in ClickHouse.
+
+Every query is parameterised (server-side binding, ``{name:Type}``); attribute names and
+metric names travel as parameters too, never formatted into the SQL text. Each helper
+filters by ``window.cluster`` when it is set.
+
+Robustness the helpers give every detector:
+
+* duplicated rows (a batch inserted twice under different dedup tokens) change nothing:
+  series are reduced to ``(time, value)`` points, sorted, and only differences are summed,
+  so a repeated point contributes a difference of zero;
+* a counter that goes down (a reset, or a sample reordered by a clock step) contributes
+  nothing: only positive differences count as increase;
+* points outside ``[start, end]`` (a host whose clock jumped away) are not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ridethrough.detectors.contract import Window
+
+NODE = ("if(ResourceAttributes['ridethrough.node.id'] != '', ResourceAttributes['ridethrough.node.id'], "
+        "ResourceAttributes['host.name'])")
+"""The node a row came from: its agent's node id, else its host name."""
+HOST = "ResourceAttributes['host.name']"
+T_NS = "toUnixTimestamp64Nano(TimeUnix)"
+IN_WINDOW = f"{T_NS} BETWEEN {{start:Int64}} AND {{end:Int64}}"
+CLUSTER = "({cluster:String} = '' OR ResourceAttributes['ridethrough.cluster'] = {cluster:String})"
+_MID = "intDiv({start:Int64} + {end:Int64}, 2)"
+
+
+def _points(cond: str = "") -> str:
+    """The series' distinct (time ns, value) points, sorted by time (``cond`` filters them)."""
+    if cond:
+        return f"arraySort(p -> p.1, groupUniqArrayIf(({T_NS}, Value), {cond}))"
+    return f"arraySort(p -> p.1, groupUniqArray(({T_NS}, Value)))"
+
+
+def _increase(points: str) -> str:
+    """Sum of the positive steps between consecutive points: decreases (resets) count 0."""
+    return f"arraySum(arrayMap(d -> greatest(d, 0), arrayDifference(arrayMap(p -> p.2, {points}))))"
+
+
+def params(window: Window, **extra: Any) -> dict[str, Any]:
+    """The window's bound parameters (``start``, ``end`` in ns, ``cluster``) plus ``extra``."""
+    return {"start": window.start_ns, "end": window.end_ns, "cluster": window.cluster, **extra}
+
+
+def run(window: Window, sql: str, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Run ``sql`` through the window; rows as dicts keyed by column name."""
+    names, rows = window.query(sql, parameters)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _keys(attrs: Sequence[str]) -> tuple[str, dict[str, str]]:
+    cols = ", ".join(f"Attributes[{{k{i}:String}}] AS k{i}" for i in range(len(attrs)))
+    return cols, {f"k{i}": a for i, a in enumerate(attrs)}
+
+
+def _match(match: Mapping[str, Sequence[str]]) -> tuple[str, dict[str, Any]]:
+    clauses: list[str] = []
+    bound: dict[str, Any] = {}
+    for i, (attr, values) in enumerate(match.items()):
+        clauses.append(f" AND Attributes[{{mk{i}:String}}] IN {{mv{i}:Array(String)}}")
+        bound[f"mk{i}"] = attr
+        bound[f"mv{i}"] = list(values)
+    return "".join(clauses), bound
+
+
+def _rename(rows: list[dict[str, Any]], attrs: Sequence[str]) -> list[dict[str, Any]]:
+    for row in rows:
+        for i, attr in enumerate(attrs):
+            row[attr] = row.pop(f"k{i}")
+    return rows
+
+
+def gauge_series(window: Window, metric: str, attrs: Sequence[str], *, up_value: float = 1.0,
+                 match: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """Per gauge series in the window: ``latest`` value, ``last_ns``, ``had_up`` (the value
+    ``up_value`` was seen), ``transitions`` (changes between ``== up_value`` and not), and
+    ``slope_per_s`` (least-squares slope of value over time)."""
+    cols, bound = _keys(attrs)
+    where, mbound = _match(match or {})
+    sql = f"""
+        SELECT {NODE} AS node, any({HOST}) AS host_any, {cols},
+               argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns,
+               countIf(Value = {{up:Float64}}) > 0 AS had_up,
+               arraySum(arrayMap(d -> abs(d), arrayDifference(
+                   arrayMap(p -> toInt8(p.2 = {{up:Float64}}), {_points()})))) AS transitions,
+               simpleLinearRegression(({T_NS} - {{start:Int64}}) / 1e9, Value).1 AS slope_per_s
+        FROM otel_metrics_gauge
+        WHERE MetricName = {{metric:String}} AND {IN_WINDOW} AND {CLUSTER}{where}
+        GROUP BY node, {", ".join(f"k{i}" for i in range(len(attrs)))}
+    """
+    rows = run(window, sql, params(window, metric=metric, up=up_value, **bound, **mbound))
+    for row in rows:
+        row["host"] = row.pop("host_any")
+    return _rename(rows, attrs)
+
+
+def counter_series(window: Window, metric: str, attrs: Sequence[str], *,
+                   match: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """Per cumulative counter series in the window: ``increase`` (sum of positive steps),
+    ``increase_first``/``increase_second`` (the same for each half of the window),
+    ``latest`` and ``last_ns``."""
+    cols, bound = _keys(attrs)
+    where, mbound = _match(match or {})
+    sql = f"""
+        SELECT {NODE} AS node, any({HOST}) AS host_any, {cols},
+               {_increase(_points())} AS increase,
+               {_increase(_points(f"{T_NS} <= {_MID}"))} AS increase_first,
+               {_increase(_points(f"{T_NS} >= {_MID}"))} AS increase_second,
+               argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns
+        FROM otel_metrics_sum
+        WHERE MetricName = {{metric:String}} AND {IN_WINDOW} AND {CLUSTER}{where}
+        GROUP BY node, {", ".join(f"k{i}" for i in range(len(attrs)))}
+    """
+    rows = run(window, sql, params(window, metric=metric, **bound, **mbound))
+    for row in rows:
+        row["host"] = row.pop("host_any")
+    return _rename(rows, attrs)
+
+
+def xid_events(window: Window, classes: Sequence[str]) -> list[dict[str, Any]]:
+    """Per GPU, the ``gpu.xid`` log events of the given classes in the window: ``count``
+    (distinct events), ``xids`` and ``last_ns``."""
+    sql = f"""
+        SELECT {NODE} AS node, any({HOST}) AS host, LogAttributes['gpu.index'] AS `gpu.index`,
+               LogAttributes['hw.id'] AS `hw.id`,
+               uniqExact(toUnixTimestamp64Nano(Timestamp), LogAttributes['gpu.xid']) AS count,
+               arraySort(groupUniqArray(LogAttributes['gpu.xid'])) AS xids,
+               arraySort(groupUniqArray(LogAttributes['gpu.xid.class'])) AS classes,
+               max(toUnixTimestamp64Nano(Timestamp)) AS last_ns
+        FROM otel_logs
+        WHERE LogAttributes['event.name'] = 'gpu.xid'
+          AND LogAttributes['gpu.xid.class'] IN {{classes:Array(String)}}
+          AND toUnixTimestamp64Nano(Timestamp) BETWEEN {{start:Int64}} AND {{end:Int64}} AND {CLUSTER}
+        GROUP BY node, `gpu.index`, `hw.id`
+    """
+    return run(window, sql, params(window, classes=list(classes)))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric, ScopeMetrics
+
+from ridethrough.exporters.rows import kv
 
 _GPU_METRICS = ("hw.gpu.utilization", "hw.gpu.memory.usage", "hw.temperature", "hw.power",
                 "ridethrough.gpu.sm_clock", "ridethrough.gpu.ecc.sbe_volatile")
@@ -23,10 +24,6 @@ _DIRECTIONS = ("receive", "transmit")
 _ROUND_STEP_NS = 1000
 
 
-def _kv(key: str, value: str) -> KeyValue:
-    return KeyValue(key=key, value=AnyValue(string_value=value))
-
-
 def make_request(*, node: int, points: int, t_ns: int, seed: int = 0) -> ExportMetricsServiceRequest:
     """One export of exactly ``points`` data points from one node, shaped like an agent's."""
     rng = random.Random(seed)
@@ -35,7 +32,7 @@ def make_request(*, node: int, points: int, t_ns: int, seed: int = 0) -> ExportM
     for k, v in (("service.name", "ridethrough-agent"), ("host.name", f"gpu-node-{node:05d}"),
                  ("ridethrough.node.id", f"node-{node:05d}"), ("ridethrough.cluster", "bench"),
                  ("ridethrough.rack", f"rack-{node // 32:03d}")):
-        rm.resource.attributes.append(_kv(k, v))
+        rm.resource.attributes.append(kv(k, v))
     sm = rm.scope_metrics.add()
     sm.scope.name = "ridethrough.collector"
     made = 0
@@ -61,8 +58,8 @@ def _add_gpu_metric(sm: ScopeMetrics, name: str, *, node: int, t_ns: int, rng: r
     for gpu in range(gpus):
         p = m.gauge.data_points.add(time_unix_nano=t_ns, start_time_unix_nano=t_ns - 10**9,
                                     as_double=rng.random() * 100)
-        p.attributes.extend([_kv("gpu.index", str(gpu)), _kv("gpu.uuid", f"GPU-{node:05d}-{gpu}"),
-                             _kv("pci.bus_id", f"0000:{gpu + 10:02x}:00.0")])
+        p.attributes.extend([kv("gpu.index", str(gpu)), kv("gpu.uuid", f"GPU-{node:05d}-{gpu}"),
+                             kv("pci.bus_id", f"0000:{gpu + 10:02x}:00.0")])
     return gpus
 
 
@@ -77,6 +74,6 @@ def _add_nic_metric(sm: ScopeMetrics, name: str, *, t_ns: int, rng: random.Rando
     for nic, direction in series:
         p = m.sum.data_points.add(time_unix_nano=t_ns, start_time_unix_nano=t_ns - 10**9,
                                   as_int=rng.randrange(1 << 40))
-        p.attributes.extend([_kv("ib.device", f"mlx5_{nic}"), _kv("ib.port", "1"),
-                             _kv("network.io.direction", direction)])
+        p.attributes.extend([kv("ib.device", f"mlx5_{nic}"), kv("ib.port", "1"),
+                             kv("network.io.direction", direction)])
     return len(series)

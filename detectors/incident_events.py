@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -21,8 +22,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from ridethrough.detectors.contract import Severity
 from ridethrough.detectors.incidents import Transition, TransitionKind
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
-from ridethrough.exporters.pipeline import write_batch
-from ridethrough.exporters.rows import Limits, Rejections, Rows
+from ridethrough.exporters.pipeline import write_requests
+from ridethrough.exporters.rows import Limits, Rejections, kv
 from ridethrough.exporters.signals import Signal
 from ridethrough.exporters.store import Store
 
@@ -45,29 +46,20 @@ def _span_id(t: Transition) -> bytes:
     return hashlib.sha256(f"{i.incident_id}:{i.version}".encode()).digest()[:8]
 
 
-def _kv(key: str, value: str | int) -> KeyValue:
-    kv = KeyValue(key=key)
-    if isinstance(value, int):
-        kv.value.int_value = value
-    else:
-        kv.value.string_value = value
-    return kv
-
-
 def _attributes(t: Transition) -> list[KeyValue]:
     i = t.incident
-    return [_kv("incident.id", i.incident_id), _kv("incident.key", i.key), _kv("incident.kind", i.kind),
-            _kv("incident.state", i.state.value), _kv("incident.transition", t.kind.value),
-            _kv("incident.severity", i.severity.name.lower()), _kv("incident.version", i.version),
-            _kv("incident.findings", i.findings), _kv("entity.type", i.entity_type), _kv("entity.name", i.entity),
-            _kv("cluster", i.cluster), _kv("detector", i.detector)]
+    return [kv("incident.id", i.incident_id), kv("incident.key", i.key), kv("incident.kind", i.kind),
+            kv("incident.state", i.state.value), kv("incident.transition", t.kind.value),
+            kv("incident.severity", i.severity.name.lower()), kv("incident.version", i.version),
+            kv("incident.findings", i.findings), kv("entity.type", i.entity_type), kv("entity.name", i.entity),
+            kv("cluster", i.cluster), kv("detector", i.detector)]
 
 
 def logs_request(transitions: Sequence[Transition]) -> ExportLogsServiceRequest:
     """One log record per transition, in the incident's trace."""
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add()
-    rl.resource.attributes.append(_kv("service.name", SERVICE))
+    rl.resource.attributes.append(kv("service.name", SERVICE))
     sl = rl.scope_logs.add()
     sl.scope.name = SCOPE
     for t in transitions:
@@ -80,7 +72,7 @@ def logs_request(transitions: Sequence[Transition]) -> ExportLogsServiceRequest:
         record.trace_id = bytes.fromhex(i.trace_id)
         record.span_id = root_span_id(i.trace_id) if t.kind is TransitionKind.OPENED else _span_id(t)
         record.attributes.extend(_attributes(t))
-        record.attributes.append(_kv("incident.evidence", i.evidence))
+        record.attributes.append(kv("incident.evidence", i.evidence))
     return req
 
 
@@ -88,7 +80,7 @@ def traces_request(transitions: Sequence[Transition]) -> ExportTraceServiceReque
     """The root span of each opened incident; a child span of it for every other transition."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
-    rs.resource.attributes.append(_kv("service.name", SERVICE))
+    rs.resource.attributes.append(kv("service.name", SERVICE))
     ss = rs.scope_spans.add()
     ss.scope.name = SCOPE
     for t in transitions:
@@ -109,6 +101,11 @@ def traces_request(transitions: Sequence[Transition]) -> ExportTraceServiceReque
     return req
 
 
+def _no_rejections(rej: Rejections) -> None:
+    if rej.count:
+        raise ValueError(f"incident events rejected by the converter: {rej.count}")
+
+
 class IncidentEmitter:
     """``emit`` for the `Controller`: writes the transitions' log records and spans into the store."""
 
@@ -121,12 +118,10 @@ class IncidentEmitter:
         """Write one batch: a log record per transition (and spans); a retry writes nothing twice."""
         if not transitions:
             return
-        rows, rej = Rows(), Rejections()
-        Signal.LOGS.convert(logs_request(transitions).SerializeToString(), _LIMITS, rows, rej)
+        requests: list[tuple[Signal, Message]] = [(Signal.LOGS, logs_request(transitions))]
         if self._spans:
-            Signal.TRACES.convert(traces_request(transitions).SerializeToString(), _LIMITS, rows, rej)
-        if rej.count:
-            raise ValueError(f"incident events rejected by the converter: {rej.count}")
+            requests.append((Signal.TRACES, traces_request(transitions)))
         token = "incident-events:" + ",".join(sorted(f"{t.incident.incident_id}:{t.incident.version}"
                                                      for t in transitions))
-        write_batch(self._store, rows, hashlib.sha256(token.encode()).hexdigest(), self._metrics)
+        write_requests(self._store, requests, token=hashlib.sha256(token.encode()).hexdigest(),
+                       metrics=self._metrics, limits=_LIMITS, check=_no_rejections)

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from ridethrough.collector.clock_graph import GraphSolution, PairEdge, solve
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
-from ridethrough.exporters.pipeline import write_batch
-from ridethrough.exporters.rows import Limits, Rejections, Rows
+from ridethrough.exporters.pipeline import write_requests
+from ridethrough.exporters.rows import kv
 from ridethrough.exporters.signals import Signal
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
 
@@ -134,7 +133,7 @@ def snapshot_request(snap: Snapshot) -> ExportMetricsServiceRequest:
     """The snapshot as an OTLP request: ``ridethrough.clock.node.*`` gauges, one point per node."""
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
-    rm.resource.attributes.append(_kv("service.name", "ridethrough-clock"))
+    rm.resource.attributes.append(kv("service.name", "ridethrough-clock"))
     sm = rm.scope_metrics.add()
     sm.scope.name = "ridethrough.clock"
     values: tuple[tuple[str, str, Callable[[NodeCorrection], float]], ...] = (
@@ -148,14 +147,8 @@ def snapshot_request(snap: Snapshot) -> ExportMetricsServiceRequest:
             point = metric.gauge.data_points.add()
             point.time_unix_nano = snap.computed_at_ns
             point.as_double = value(corr)
-            point.attributes.extend([_kv("clock.node", node), _kv("clock.reference", snap.reference)])
+            point.attributes.extend([kv("clock.node", node), kv("clock.reference", snap.reference)])
     return req
-
-
-def _kv(key: str, value: str) -> KeyValue:
-    kv = KeyValue(key=key)
-    kv.value.string_value = value
-    return kv
 
 
 class ClockService:
@@ -190,9 +183,8 @@ class ClockService:
             return None
         with self._lock:
             self._snapshot = snap
-        rows = Rows()
-        Signal.METRICS.convert(snapshot_request(snap).SerializeToString(), Limits(), rows, Rejections())
-        write_batch(self._store, rows, f"clock:{now}", self._metrics)
+        write_requests(self._store, [(Signal.METRICS, snapshot_request(snap))], token=f"clock:{now}",
+                       metrics=self._metrics)
         return snap
 
     def start(self) -> None:

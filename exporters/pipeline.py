@@ -15,7 +15,10 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
 
 from ridethrough.exporters import schema
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
@@ -69,6 +72,22 @@ def write_batch(store: Store, rows: Rows, token: str, metrics: GatewayMetrics) -
         table = schema.TABLES_BY_NAME[name]
         store.insert_columns(table, rows.ordered(table), token=f"{token}:{name}")
         metrics.inserted.labels(table=name).inc(count)
+
+
+def write_requests(store: Store, requests: Sequence[tuple[Signal, Message]], *, token: str,
+                   metrics: GatewayMetrics, limits: Limits | None = None,
+                   check: Callable[[Rejections], None] | None = None) -> None:
+    """Store OTLP requests the server builds itself (clock corrections, incident events).
+
+    They take the gateway's own conversion and columnar insert; ``token`` makes a retry a
+    no-op; ``check`` sees what the converter rejected before anything is written.
+    """
+    rows, rej = Rows(), Rejections()
+    for signal, request in requests:
+        signal.convert(request.SerializeToString(), limits or Limits(), rows, rej)
+    if check is not None:
+        check(rej)
+    write_batch(store, rows, token, metrics)
 
 
 def rebuild(requests: tuple[tuple[Signal, bytes], ...], limits: Limits) -> Rows:

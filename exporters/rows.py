@@ -130,6 +130,16 @@ def _json_text(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
+def kv(key: str, value: str | int) -> KeyValue:
+    """One OTLP attribute (string or int) for requests the project builds itself."""
+    out = KeyValue(key=key)
+    if isinstance(value, int):
+        out.value.int_value = value
+    else:
+        out.value.string_value = value
+    return out
+
+
 def attributes(kvs: Iterable[KeyValue], count: int, limits: Limits) -> dict[str, str]:
     """KeyValues → a String map, or `InvalidItem` if there are too many or one is too long."""
     if count > limits.max_attributes:

@@ -9,13 +9,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from ridethrough.exporters.rows import kv
 
 METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-
-
-def kv(key: str, value: str) -> KeyValue:
-    return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
 def gauge_request(n: int, *, service: str = "test", name: str = "test.gauge", start_seq: int = 0,

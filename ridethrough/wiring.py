@@ -6,6 +6,7 @@ commands in `ridethrough.cli` call these builders and own the objects' lifetimes
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -145,7 +146,8 @@ class GatewayRuntime:
 def build_agent(cfg: AgentConfig) -> Agent:
     """An agent for this host from its config (the host name is read here, and only here)."""
     host_name = socket.gethostname()
-    identity = AgentIdentity(node_id=cfg.node_id or host_name, host_name=host_name, cluster=cfg.cluster,
+    cfg = dataclasses.replace(cfg, node_id=cfg.node_id or host_name)  # sources see the resolved id
+    identity = AgentIdentity(node_id=cfg.node_id, host_name=host_name, cluster=cfg.cluster,
                              rack=cfg.rack, pod=cfg.pod, labels=dict(cfg.labels))
     clock: Clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else time.time_ns
     return Agent(identity=identity, sources=build_sources(cfg), gateway=cfg.gateway,

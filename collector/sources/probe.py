@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -283,7 +282,8 @@ def from_config(cfg: AgentConfig) -> ProbeSource:
         losses_to_suspend=_get(cfg, "losses_to_suspend", 10),
         want_hardware=_get(cfg, "hardware_timestamps", False))
     clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else None
-    node = cfg.node_id or socket.gethostname()
+    # The composition root fills node_id with the host name; a bare config probes as "localhost".
+    node = cfg.node_id or "localhost"
     url: str = getattr(cfg, "clock_corrections_url", "")
     window_s = CLOCK_WINDOW_S
     return ProbeSource(node=node, local=dict(_get(cfg, "bind", {})),

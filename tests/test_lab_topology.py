@@ -227,3 +227,15 @@ def test_without_namespaces_the_lab_says_so_in_one_line_and_offers_loopback(
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "--loopback" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_names_follow_the_documented_convention() -> None:
+    """lab/control.py's naming, spelled out: hosts h<i>, leaves leaf<rack>r<rail>, links lower tier first."""
+    names = faults.names(4, 2, 2, 1, 1)
+    assert list(names.hosts) == ["h0", "h1", "h2", "h3"]
+    assert list(names.leaves) == ["leaf0r0", "leaf0r1", "leaf1r0", "leaf1r1"]
+    assert list(names.spines) == ["spine0"]
+    assert {"h0-leaf0r0", "h3-leaf1r1", "leaf1r0-spine0"} <= set(names.links)
+    assert len(names.links) == 4 * 2 + 4 * 1
+    assert names.nic_link("h3", "nic1") == "h3-leaf1r1"
+    assert names.nic_link("h0", "nic0") == "h0-leaf0r0"

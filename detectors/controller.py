@@ -51,6 +51,7 @@ class ControllerMetrics:
     transitions: Counter
     incidents_open: Gauge
     emit_errors: Counter
+    wakes: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> ControllerMetrics:
@@ -70,6 +71,8 @@ class ControllerMetrics:
             incidents_open=Gauge("ridethrough_controller_incidents_open", "Incidents open now", registry=reg),
             emit_errors=Counter("ridethrough_controller_emit_errors",
                                 "Rounds whose incident events could not be emitted", registry=reg),
+            wakes=Counter("ridethrough_controller_detector_wakes",
+                          "Detector runs brought forward by the live feed", ["detector"], registry=reg),
         )
 
 
@@ -152,7 +155,9 @@ class Controller:
         self._floor_s = interval_floor_s
         self._query = read_only_query(store)
         self._next_ns = {d.name: 0 for d in self._detectors}
+        self._due_lock = threading.Lock()
         self._stop = threading.Event()
+        self._woken = threading.Event()
         self._thread: threading.Thread | None = None
 
     def tick(self, now_ns: int | None = None) -> list[Transition]:
@@ -166,9 +171,10 @@ class Controller:
         findings: list[Finding] = []
         ran: set[str] = set()
         for d in self._detectors:
-            if self._next_ns[d.name] > now:
-                continue
-            self._next_ns[d.name] = now + round(max(d.interval_s, self._floor_s) * 1e9)
+            with self._due_lock:
+                if self._next_ns[d.name] > now:
+                    continue
+                self._next_ns[d.name] = now + round(max(d.interval_s, self._floor_s) * 1e9)
             result = self._run(d, now)
             if result is not None:
                 ran.add(d.name)
@@ -209,6 +215,20 @@ class Controller:
             self.metrics.emit_errors.inc()
             log.exception("emitting %d incident transition(s) failed", len(transitions))
 
+    @property
+    def detectors(self) -> tuple[Detector, ...]:
+        """The detectors this controller runs."""
+        return tuple(self._detectors)
+
+    def wake(self, names: Sequence[str]) -> None:
+        """Make the named detectors due now and wake the loop (the live feed's hook; thread-safe)."""
+        with self._due_lock:
+            for name in names:
+                if name in self._next_ns:
+                    self._next_ns[name] = 0
+                    self.metrics.wakes.labels(detector=name).inc()
+        self._woken.set()
+
     def seconds_to_next(self, now_ns: int) -> float:
         """Seconds until the next detector is due (0 when one is due now)."""
         if not self._next_ns:
@@ -224,12 +244,17 @@ class Controller:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop after the tick in progress."""
         self._stop.set()
+        self._woken.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     def _loop(self) -> None:
         wait_s = 0.0
-        while not self._stop.wait(wait_s):
+        while not self._stop.is_set():
+            self._woken.wait(wait_s)
+            self._woken.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
                 wait_s = min(max(self.seconds_to_next(self._clock()), 0.05), self._floor_s)

@@ -7,6 +7,7 @@ cable (``h3-leaf1r0``) needs the topology, which is localisation's business, not
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ridethrough.detectors import sql
@@ -41,6 +42,11 @@ class LinkDown:
     """
 
     name = "link_down"
+    triggers: Mapping[str, Callable[[float], bool]] = {
+        "ridethrough.nic.up": lambda v: v != 1.0,
+        "ridethrough.ib.port.state": lambda v: v != IB_ACTIVE,
+    }
+    """Live-feed triggers (`ridethrough.detectors.live`): run as soon as a port turns down."""
 
     def __init__(self, *, interval_s: float = 2.0, window_s: float = 60.0) -> None:
         self.interval_s = interval_s

@@ -116,9 +116,18 @@ class Pipeline:
         self._stopping = False
         self._replay_wake = threading.Event()
         self._store_down = False
+        self._observers: list[Callable[[Rows], None]] = []
         self._threads = [threading.Thread(target=self._batch_loop, name="rt-batcher", daemon=True),
                          threading.Thread(target=self._replay_loop, name="rt-replayer", daemon=True)]
         self._update_spool_gauges()
+
+    def observe(self, observer: Callable[[Rows], None]) -> None:
+        """Call ``observer`` with each batch's rows once they are in the store (the live feed).
+
+        It runs on the batcher thread, so it must be quick; one that raises is logged and the
+        batch stays written.
+        """
+        self._observers.append(observer)
 
     def start(self) -> None:
         """Start batching and replaying."""
@@ -189,11 +198,19 @@ class Pipeline:
             try:
                 write_batch(self.store, rows, token, self.metrics)
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
+                self._notify(rows)
                 return None
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("store insert failed, spooling batch %s: %s", token, exc)
                 self._store_down = isinstance(exc, StoreUnavailable)
         return self._spool(token, requests)
+
+    def _notify(self, rows: Rows) -> None:
+        for observer in self._observers:
+            try:
+                observer(rows)
+            except Exception:  # a watcher's bug must not turn a written batch into a spooled one
+                log.exception("live-feed observer %r failed", observer)
 
     def _spool(self, token: str, requests: list[tuple[Signal, bytes]]) -> str | None:
         try:

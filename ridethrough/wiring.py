@@ -14,6 +14,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,13 @@ from ridethrough.collector.registry import build_sources
 from ridethrough.detectors.controller import Controller, ControllerMetrics, default_detectors
 from ridethrough.detectors.incident_events import IncidentEmitter
 from ridethrough.detectors.incidents import IncidentTracker
+from ridethrough.detectors.live import LiveFeed
 from ridethrough.exporters.clock_http import ClockEndpoint
 from ridethrough.exporters.clock_service import ClockService
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
-from ridethrough.exporters.rows import Limits
+from ridethrough.exporters.rows import Limits, Rows
 from ridethrough.exporters.spool import Spool
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
 from ridethrough.exporters.store_http import StoreHttpEndpoint
@@ -123,6 +125,12 @@ class GatewayRuntime:
         host, port = parse_hostport(self.cfg.metrics_listen)
         self._http, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
         self.addresses["metrics"] = _address(host, self._http.server_port)
+
+    def observe(self, observer: Callable[[Rows], None]) -> None:
+        """Watch every batch once it is written (the live feed; call before `start`'s first batch)."""
+        if self._pipeline is None:
+            raise RuntimeError("the gateway is not started")
+        self._pipeline.observe(observer)
 
     def swap_store(self, store: Store) -> None:
         """Point the gateway at another store (config reload); spooled batches follow."""
@@ -248,6 +256,8 @@ class ServerRuntime:
         metrics = ControllerMetrics.create(self.gateway.metrics.registry)
         self.controller = build_controller(self._controller_cfg, store=self.store, metrics=metrics,
                                            event_metrics=self.gateway.metrics)
+        # Fast detectors run as soon as their evidence is written, not on their next turn.
+        self.gateway.observe(LiveFeed(self.controller.detectors, wake=self.controller.wake))
         self.controller.start()
 
     def stop(self) -> None:

@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # Debian packages the tests use (iproute2: network namespaces for the lab; prometheus: scrapes the agent).
-DEBS   ?= iproute2 prometheus
+DEBS   ?= iproute2 prometheus prometheus-alertmanager
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test check lint typecheck unit debs bench clean

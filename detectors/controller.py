@@ -29,7 +29,8 @@ from ridethrough.query import check_read_only
 log = logging.getLogger(__name__)
 
 PLUGINS = ("ridethrough.detectors.link", "ridethrough.detectors.gpu", "ridethrough.detectors.straggler",
-           "ridethrough.detectors.silent")
+           "ridethrough.detectors.silent", "ridethrough.detectors.tomography", "ridethrough.detectors.clock",
+           "ridethrough.detectors.congestion")
 """The detector modules `default_detectors` loads when they are installed."""
 
 Emit = Callable[[Sequence[Transition]], None]

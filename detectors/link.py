@@ -1,17 +1,24 @@
 """Link detectors: a port that went down, one that flaps, one whose error rate is climbing.
 
-Entities are NICs, ``{node}/{ib.device}`` (IB) or ``{node}/{interface}`` (netdev): naming the
-cable (``h3-leaf1r0``) needs the topology, which is localisation's business, not ours.
+The evidence is per port, ``{node}/{ib.device}`` (IB) or ``{node}/{interface}`` (netdev). With a
+fabric map (`ridethrough.detectors.fabric_map`, ``fabric_map_file``) a finding names the cable
+the port is on (``h3-leaf1r0``), and the IB port and the netdev of one cable fold into one
+finding; without one, it names the NIC.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ridethrough.detectors import sql
 from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
+from ridethrough.detectors.fabric_map import RouteFile, RouteMap
+
+FabricMap = Callable[[], RouteMap]
+"""The current fabric map (a `RouteFile` re-reads its file when it changes)."""
 
 IB_ACTIVE = 4.0
 """``ridethrough.ib.port.state`` of an ACTIVE port."""
@@ -34,6 +41,30 @@ def _finding(detector: str, kind: FindingKind, severity: Severity, row: dict[str
     )
 
 
+def to_links(findings: Sequence[Finding], fabric: FabricMap | None) -> list[Finding]:
+    """NIC findings renamed to the link each NIC is cabled to, one per link and kind (the most severe,
+    listing every NIC behind it); findings the map does not know stay as they are."""
+    if fabric is None:
+        return list(findings)
+    fmap = fabric()
+    out: dict[str, Finding] = {}
+    for f in findings:
+        link = fmap.link_of(f.entity) if f.entity_type is EntityType.NIC else None
+        if link is None:
+            out[f.key] = f
+            continue
+        nics = [f.entity]
+        g = dataclasses.replace(f, entity_type=EntityType.LINK, entity=link, summary=f"{link}: {f.summary}")
+        prev = out.get(g.key)
+        if prev is not None:
+            nics = [*prev.evidence["nics"], f.entity]
+            if (prev.severity, prev.confidence) >= (g.severity, g.confidence):
+                g = prev
+            g = dataclasses.replace(g, observed_at_ns=max(prev.observed_at_ns, f.observed_at_ns))
+        out[g.key] = dataclasses.replace(g, evidence={**g.evidence, "nics": sorted(set(nics))})
+    return list(out.values())
+
+
 class LinkDown:
     """A port that is down now after being up in the window, or whose ``link_downed`` rose.
 
@@ -48,9 +79,10 @@ class LinkDown:
     }
     """Live-feed triggers (`ridethrough.detectors.live`): run as soon as a port turns down."""
 
-    def __init__(self, *, interval_s: float = 2.0, window_s: float = 60.0) -> None:
+    def __init__(self, *, interval_s: float = 2.0, window_s: float = 60.0, fabric: FabricMap | None = None) -> None:
         self.interval_s = interval_s
         self.window_s = window_s
+        self.fabric = fabric
 
     def detect(self, window: Window) -> list[Finding]:
         """Findings for ports down now (state) or that went down in the window (counter)."""
@@ -73,7 +105,7 @@ class LinkDown:
                              f"{_nic_entity(row, 'network.interface.name')} is down (was up)", window,
                              {"query": "nic_up", "up": row["latest"]})
                 found[f.entity] = f
-        return list(found.values())
+        return to_links(list(found.values()), self.fabric)
 
     def _ib(self, row: dict[str, Any], window: Window, query: str, values: dict[str, Any], why: str) -> Finding:
         entity = _nic_entity(row, "ib.device")
@@ -92,10 +124,12 @@ class LinkFlap:
 
     name = "link_flap"
 
-    def __init__(self, *, interval_s: float = 5.0, window_s: float = 300.0, min_transitions: int = 3) -> None:
+    def __init__(self, *, interval_s: float = 5.0, window_s: float = 300.0, min_transitions: int = 3,
+                 fabric: FabricMap | None = None) -> None:
         self.interval_s = interval_s
         self.window_s = window_s
         self.min_transitions = min_transitions
+        self.fabric = fabric
 
     def detect(self, window: Window) -> list[Finding]:
         """One finding per flapping NIC."""
@@ -115,12 +149,12 @@ class LinkFlap:
             note(row, "network.interface.name", row["transitions"], "nic_up")
         for row in sql.counter_series(window, "ridethrough.nic.carrier_changes", NIC):
             note(row, "network.interface.name", row["increase"], "nic_carrier_changes")
-        return [
+        return to_links([
             _finding(self.name, FindingKind.LINK_FLAP, Severity.WARNING, row, attr,
                      f"{entity} flapped: {n:g} up/down transitions in {window.seconds:g} s", window,
                      {"query": query, "transitions": n})
             for (attr, entity), (n, row, query) in counts.items() if n >= self.min_transitions
-        ]
+        ], self.fabric)
 
 
 class LinkDegrading:
@@ -137,8 +171,9 @@ class LinkDegrading:
     name = "link_degrading"
 
     def __init__(self, *, interval_s: float = 10.0, window_s: float = 300.0, min_rate_per_s: float = 1.0,
-                 rise_factor: float = 1.5, failure_rate_per_s: float = 100.0) -> None:
+                 rise_factor: float = 1.5, failure_rate_per_s: float = 100.0, fabric: FabricMap | None = None) -> None:
         self.interval_s = interval_s
+        self.fabric = fabric
         self.window_s = window_s
         self.min_rate_per_s = min_rate_per_s
         self.rise_factor = rise_factor
@@ -157,7 +192,8 @@ class LinkDegrading:
             port["counters"][row["ib.counter"]] = row["increase"]
             port["last_ns"] = max(port["last_ns"], row["last_ns"])
         half_s = window.seconds / 2
-        return [f for port in per_port.values() if (f := self._judge(port, half_s, window)) is not None]
+        return to_links([f for port in per_port.values() if (f := self._judge(port, half_s, window)) is not None],
+                        self.fabric)
 
     def _judge(self, port: dict[str, Any], half_s: float, window: Window) -> Finding | None:
         if half_s <= 0:
@@ -178,16 +214,20 @@ class LinkDegrading:
 
 
 def build(cfg: object) -> list[Detector]:
-    """The link detectors, thresholds from ``cfg`` where it has them."""
+    """The link detectors, thresholds from ``cfg`` where it has them; links named through
+    ``cfg.fabric_map_file`` when it is set (a bad file raises ValueError naming it)."""
+    path: str = getattr(cfg, "fabric_map_file", "")
+    fabric = RouteFile(path) if path else None
     return [
         LinkDown(interval_s=getattr(cfg, "link_down_interval_s", 2.0),
-                 window_s=getattr(cfg, "link_down_window_s", 60.0)),
+                 window_s=getattr(cfg, "link_down_window_s", 60.0), fabric=fabric),
         LinkFlap(interval_s=getattr(cfg, "link_flap_interval_s", 5.0),
                  window_s=getattr(cfg, "link_flap_window_s", 300.0),
-                 min_transitions=getattr(cfg, "link_flap_min_transitions", 3)),
+                 min_transitions=getattr(cfg, "link_flap_min_transitions", 3), fabric=fabric),
         LinkDegrading(interval_s=getattr(cfg, "link_degrading_interval_s", 10.0),
                       window_s=getattr(cfg, "link_degrading_window_s", 300.0),
                       min_rate_per_s=getattr(cfg, "link_degrading_min_rate_per_s", 1.0),
                       rise_factor=getattr(cfg, "link_degrading_rise_factor", 1.5),
-                      failure_rate_per_s=getattr(cfg, "link_degrading_failure_rate_per_s", 100.0)),
+                      failure_rate_per_s=getattr(cfg, "link_degrading_failure_rate_per_s", 100.0),
+                      fabric=fabric),
     ]

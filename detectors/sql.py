@@ -140,3 +140,66 @@ def xid_events(window: Window, classes: Sequence[str]) -> list[dict[str, Any]]:
         GROUP BY node, `gpu.index`, `hw.id`
     """
     return run(window, sql, params(window, classes=list(classes)))
+
+
+def gauge_shift(window: Window, metric: str, attrs: Sequence[str], *, split_ns: int, factor: float,
+                margin: float, match: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """Per gauge series, its recent level against its own baseline, split at ``split_ns``.
+
+    Columns: ``base`` (median of the distinct points before the split; NaN without any),
+    ``base_n``, ``recent`` (median of those at or after it), ``recent_n``, ``above`` (recent
+    points above both ``base * factor`` and ``base + margin``), ``latest`` and ``last_ns``.
+    NaN points are left out; duplicated points count once.
+    """
+    cols, bound = _keys(attrs)
+    where, mbound = _match(match or {})
+    keys = ", ".join(f"k{i}" for i in range(len(attrs)))
+    sql = f"""
+        SELECT node, host_any, {keys}, base, base_n, recent, recent_n, latest, last_ns,
+               arrayCount(v -> v > base * {{factor:Float64}} AND v > base + {{margin:Float64}}, after) AS above
+        FROM (
+            SELECT {NODE} AS node, any({HOST}) AS host_any, {cols},
+                   groupUniqArray(({T_NS}, Value)) AS pts,
+                   arrayMap(p -> p.2, arrayFilter(p -> p.1 < {{split:Int64}}, pts)) AS before,
+                   arrayMap(p -> p.2, arrayFilter(p -> p.1 >= {{split:Int64}}, pts)) AS after,
+                   length(before) AS base_n, length(after) AS recent_n,
+                   arrayReduce('median', before) AS base, arrayReduce('median', after) AS recent,
+                   argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns
+            FROM otel_metrics_gauge
+            WHERE MetricName = {{metric:String}} AND {IN_WINDOW} AND {CLUSTER} AND NOT isNaN(Value){where}
+            GROUP BY node, {keys}
+        )
+    """
+    rows = run(window, sql, params(window, metric=metric, split=split_ns, factor=factor, margin=margin,
+                                   **bound, **mbound))
+    for row in rows:
+        row["host"] = row.pop("host_any")
+    return _rename(rows, attrs)
+
+
+PROBE_PATH = ("probe.src.node", "probe.src.nic", "probe.dst.node", "probe.dst.nic")
+"""The attributes naming a probed path (its prober's NIC, then the peer's)."""
+PathKey = tuple[str, str, str, str]
+
+
+def probe_loss(window: Window) -> dict[PathKey, dict[str, float]]:
+    """Per probed path in the window: ``sent``, ``lost_forward`` and ``lost_reverse`` (counter
+    increases: resets and duplicates add nothing), ``suspended`` (1.0 if the prober's latest
+    point in the window says the path is suspended, else 0.0) and ``last_ns``."""
+    out: dict[PathKey, dict[str, float]] = {}
+
+    def entry(row: dict[str, Any]) -> dict[str, float]:
+        key = (row["probe.src.node"], row["probe.src.nic"], row["probe.dst.node"], row["probe.dst.nic"])
+        got = out.setdefault(key, {"sent": 0.0, "lost_forward": 0.0, "lost_reverse": 0.0, "suspended": 0.0,
+                                   "last_ns": 0})
+        got["last_ns"] = max(int(got["last_ns"]), int(row["last_ns"]))  # an int: ns do not fit a float
+        return got
+
+    for row in counter_series(window, "ridethrough.probe.sent", PROBE_PATH):
+        entry(row)["sent"] += row["increase"]
+    for row in counter_series(window, "ridethrough.probe.lost", (*PROBE_PATH, "probe.direction"),
+                              match={"probe.direction": ["forward", "reverse"]}):
+        entry(row)[f"lost_{row['probe.direction']}"] += row["increase"]
+    for row in gauge_series(window, "ridethrough.probe.path.suspended", PROBE_PATH):
+        entry(row)["suspended"] = max(entry(row)["suspended"], float(row["latest"] == 1.0))
+    return out

@@ -114,11 +114,26 @@ class Supervisor:
         """``ridethrough server`` on the management address, its store under the lab directory."""
         ip = self.state["server_ip"]
         clock = ["--clock-listen", f"{ip}:{self.state['clock_port']}"] if "clock_port" in self.state else []
+        fabric = self.write_fabric_map()
         self._spawn("server", [
             sys.executable, "-m", "ridethrough", "server", "--store", f"chdb://{self.dir / 'store'}",
             "--spool", str(self.dir / "spool"), "--otlp-listen", f"{ip}:{self.state['otlp_port']}",
             "--store-http-listen", f"{ip}:{self.state['store_http_port']}", *clock,
-            "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.state.get("cgroup"))
+            "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.state.get("cgroup"),
+            env_extra={"RIDETHROUGH_CONTROLLER_FABRIC_MAP_FILE": str(fabric)})
+
+    def write_fabric_map(self) -> Path:
+        """The lab's cabling and design routes for the controller (NIC ``r`` and its RDMA device ``mlx5_r``
+        are one port), written atomically so the controller never reads half a file."""
+        from ridethrough.detectors.fabric_map import RouteMap
+        from ridethrough.lab.topology import Topology, TopologySpec
+
+        fmap = RouteMap.from_fabric(Topology(TopologySpec(**self.state["spec"])), aliases=lambda r: (f"mlx5_{r}",))
+        path = self.dir / "fabric.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fmap.to_json()))
+        tmp.replace(path)
+        return path
 
     def wait_server(self, timeout_s: float = 120.0) -> bool:
         """Wait for the server's ready file; record its addresses (or why it failed)."""

@@ -120,7 +120,8 @@ def server(
                  metrics_listen=metrics_listen, ready_file=ready_file)
     scfg = _load("server", config, store_http_listen=store_http_listen, clock_listen=clock_listen)
     ccfg = _load("controller", config)
-    with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg, controller_cfg=ccfg) as runtime:
+    with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg, controller_cfg=ccfg,
+                              actuator_cfg=_load("actuators", config), pager_cfg=_load("pagerduty", config)) as runtime:
         wiring.tune_gc_for_ingest()
         typer.echo(f"server: {runtime.addresses}", err=True)
         _wait_for_signal(duration)
@@ -143,10 +144,11 @@ def controller(
     _logging(verbose)
     gcfg = _load("gateway", config, store=store)
     cfg = _load("controller", config, metrics_listen=metrics_listen, cluster=cluster)
-    runtime = wiring.ControllerRuntime(cfg=cfg, store=wiring.open_store(gcfg))
+    runtime = wiring.ControllerRuntime(cfg=cfg, store=wiring.open_store(gcfg), actuators=_load("actuators", config),
+                                       pager=_load("pagerduty", config))
     try:
         addresses = runtime.start()
-    except PluginError as exc:
+    except (PluginError, ValueError) as exc:  # a bad detector or actuator plugin, fabric map or PagerDuty key
         typer.echo(f"ridethrough: {exc}", err=True)
         raise typer.Exit(2) from exc
     if ready_file:
@@ -234,6 +236,7 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
                ) -> None:
     """Create every table and view, idempotently."""
     from ridethrough import wiring
+    from ridethrough.actuators.actions import actions_ddl, ensure_actions_table
     from ridethrough.detectors.incidents import ensure_incidents_table, incidents_ddl
     from ridethrough.exporters import schema
     from ridethrough.exporters.store import StoreError, StoreUnavailable
@@ -242,7 +245,7 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
     cfg = _load("gateway", config, store=store, cluster=cluster)
     if print_sql:
         statements = [*schema.ddl(cluster=cfg.cluster), *truth_ddl(cluster=cfg.cluster),
-                      *incidents_ddl(cluster=cfg.cluster)]
+                      *incidents_ddl(cluster=cfg.cluster), *actions_ddl(cluster=cfg.cluster)]
         typer.echo(";\n\n".join(statements) + ";")
         return
     try:
@@ -250,14 +253,28 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
         n = target.init_schema()
         ensure_truth_table(target)  # domain tables sit beside the OTel ones
         ensure_incidents_table(target)
+        ensure_actions_table(target)
     except (StoreUnavailable, StoreError) as exc:
         typer.echo(f"ridethrough: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(f"store ready: {n} statements applied")
 
 
+@app.command()
+def trace(
+    incident_id: Annotated[str, typer.Argument(help="The incident's id (IncidentId in the incidents table).")],
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Print an incident's trace as a tree: detection, decisions, actions and their steps."""
+    from ridethrough.actuators.trace_view import trace_command
+
+    trace_command(incident_id, store, config)
+
+
 @config_app.command("show")
-def config_show(component: Annotated[str, typer.Argument(help="agent, gateway, server or controller.")],
+def config_show(component: Annotated[str, typer.Argument(
+                    help="agent, gateway, server, controller, actuators or pagerduty.")],
                 config: ConfigOpt = None) -> None:
     """Print the effective config of a component and where each value came from."""
     try:

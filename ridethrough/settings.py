@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ridethrough.config import ConfigError, FrozenMap, Loaded, load
+from ridethrough.exporters.pagerduty_config import PagerDutyConfig
 
 _MiB = 1024 * 1024
 _GiB = 1024 * _MiB
@@ -136,6 +137,10 @@ class ControllerConfig:
         "are on the gateway's /metrics).", check=check_listen))
     cluster: str = field(default="", metadata=_help(
         "Fleet cluster whose data the detectors read and whose incidents this controller owns; empty: all."))
+    fabric_map_file: str = field(default="", metadata=_help(
+        "JSON fabric map: the links each probed path may cross and the link each NIC is cabled to "
+        "(ridethrough.detectors.fabric_map); re-read when it changes. Empty: findings name NICs, and "
+        "tomography is off."))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,11 +200,41 @@ class AgentConfig:
         object.__setattr__(self, "labels", FrozenMap(self.labels))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActuatorConfig:
+    """The actuator runner inside the controller: which incidents it acts on, and how cautiously
+    (mirrors `ridethrough.actuators.policy.RunnerPolicy`, which checks the values again)."""
+
+    enabled: bool = field(default=False, metadata=_help(
+        "Run the actuator runner in the controller (plugins from the ridethrough.actuators entry points)."))
+    dry_run: bool = field(default=True, metadata=_help(
+        "Decide and record every action, apply none (acting is opted into)."))
+    max_concurrent: int = field(default=2, metadata=_help("Actions in flight at once, awaiting approval included.",
+                                                          min=1))
+    max_drained_hosts: int = field(default=1, metadata=_help(
+        "Hosts out of service at once, already drained ones included.", min=0))
+    max_path_share: float = field(default=0.5, metadata=_help(
+        "Largest share (0..1) of one host's or one switch's paths an action may remove.", min=0, max=1))
+    cooldown_s: float = field(default=300.0, metadata=_help(
+        "Seconds after an action on an entity ends before another may act on it.", min=0))
+    hysteresis_s: float = field(default=10.0, metadata=_help(
+        "Seconds an incident must have been open before it is acted on.", min=0))
+    require_approval: bool = field(default=False, metadata=_help("Every plan waits for a human's approval."))
+    approval_timeout_s: float = field(default=600.0, metadata=_help(
+        "Seconds a plan waits for approval before it is refused.", min=0.001))
+    plan_timeout_s: float = field(default=5.0, metadata=_help("Deadline of a plugin's plan step, seconds.", min=0.001))
+    apply_timeout_s: float = field(default=60.0, metadata=_help("Deadline of the apply step, seconds.", min=0.001))
+    verify_timeout_s: float = field(default=60.0, metadata=_help("Deadline of the verify step, seconds.", min=0.001))
+    rollback_timeout_s: float = field(default=60.0, metadata=_help("Deadline of a rollback, seconds.", min=0.001))
+
+
 COMPONENTS: Mapping[str, type] = MappingProxyType({
     "agent": AgentConfig,
     "gateway": GatewayConfig,
     "server": ServerConfig,
     "controller": ControllerConfig,
+    "actuators": ActuatorConfig,
+    "pagerduty": PagerDutyConfig,
 })
 
 

@@ -26,20 +26,27 @@ from ridethrough import catalogue
 from ridethrough.collector.agent import Agent, AgentIdentity
 from ridethrough.collector.clock import Clock, ScriptedClock
 from ridethrough.collector.registry import build_sources
-from ridethrough.detectors.controller import Controller, ControllerMetrics, default_detectors
-from ridethrough.detectors.incident_events import IncidentEmitter
-from ridethrough.detectors.incidents import IncidentTracker
+from ridethrough.controller_wiring import ControllerParts, build_controller
+from ridethrough.detectors.controller import Controller, ControllerMetrics
 from ridethrough.detectors.live import LiveFeed
 from ridethrough.exporters.clock_http import ClockEndpoint
 from ridethrough.exporters.clock_service import ClockService
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
+from ridethrough.exporters.pagerduty_config import PagerDutyConfig
 from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
 from ridethrough.exporters.rows import Limits, Rows
 from ridethrough.exporters.spool import Spool
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
 from ridethrough.exporters.store_http import StoreHttpEndpoint
-from ridethrough.settings import AgentConfig, ControllerConfig, GatewayConfig, ServerConfig, parse_hostport
+from ridethrough.settings import (
+    ActuatorConfig,
+    AgentConfig,
+    ControllerConfig,
+    GatewayConfig,
+    ServerConfig,
+    parse_hostport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,32 +172,30 @@ def build_agent(cfg: AgentConfig) -> Agent:
                  descriptions={m.name: m.description for m in catalogue.metrics()})
 
 
-def build_controller(cfg: ControllerConfig, *, store: Store, metrics: ControllerMetrics,
-                     event_metrics: GatewayMetrics) -> Controller:
-    """A controller over ``store`` with the installed detector plugins (a bad plugin raises `PluginError`)."""
-    tracker = IncidentTracker(store, quiet_s=cfg.quiet_s, reopen_hysteresis_s=cfg.reopen_hysteresis_s,
-                              cluster=cfg.cluster or None)
-    return Controller(store=store, detectors=default_detectors(cfg), tracker=tracker, metrics=metrics,
-                      emit=IncidentEmitter(store=store, metrics=event_metrics), cluster=cfg.cluster,
-                      interval_floor_s=cfg.interval_floor_s)
-
-
 @dataclass
 class ControllerRuntime:
     """The controller alone (``ridethrough controller``), with its own /metrics."""
 
     cfg: ControllerConfig
     store: Store
+    actuators: ActuatorConfig | None = None
+    pager: PagerDutyConfig | None = None
     addresses: dict[str, str] = field(default_factory=dict)
-    controller: Controller | None = None
+    parts: ControllerParts | None = None
     _http: Any = None
+
+    @property
+    def controller(self) -> Controller | None:
+        """The controller, once started."""
+        return None if self.parts is None else self.parts.controller
 
     def start(self) -> dict[str, str]:
         """Load the detectors, start ticking, serve /metrics."""
         metrics = ControllerMetrics.create()
-        self.controller = build_controller(self.cfg, store=self.store, metrics=metrics,
-                                           event_metrics=GatewayMetrics.create())
-        self.controller.start()
+        self.parts = build_controller(self.cfg, store=self.store, metrics=metrics,
+                                      event_metrics=GatewayMetrics.create(), actuators=self.actuators,
+                                      pager=self.pager)
+        self.parts.start()
         if self.cfg.metrics_listen:
             host, port = parse_hostport(self.cfg.metrics_listen)
             self._http, _ = start_http_server(port, addr=host, registry=metrics.registry)
@@ -199,8 +204,8 @@ class ControllerRuntime:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop ticking and serving."""
-        if self.controller is not None:
-            self.controller.stop(timeout_s)
+        if self.parts is not None:
+            self.parts.stop(timeout_s)
         if self._http is not None:
             self._http.shutdown()
 
@@ -210,10 +215,13 @@ class ServerRuntime:
     and the controller."""
 
     def __init__(self, *, gateway_cfg: GatewayConfig, server_cfg: ServerConfig,
-                 controller_cfg: ControllerConfig | None = None) -> None:
+                 controller_cfg: ControllerConfig | None = None, actuator_cfg: ActuatorConfig | None = None,
+                 pager_cfg: PagerDutyConfig | None = None) -> None:
         self.store = open_store(gateway_cfg)
         self._controller_cfg = controller_cfg if controller_cfg is not None else ControllerConfig()
-        self.controller: Controller | None = None
+        self._actuator_cfg = actuator_cfg
+        self._pager_cfg = pager_cfg
+        self.parts: ControllerParts | None = None
         self.gateway = GatewayRuntime(cfg=gateway_cfg, store=self.store)
         self._server_cfg = server_cfg
         self._endpoint: StoreHttpEndpoint | None = None
@@ -254,16 +262,23 @@ class ServerRuntime:
             return
         # Its metrics join the gateway's registry: one /metrics for the whole server.
         metrics = ControllerMetrics.create(self.gateway.metrics.registry)
-        self.controller = build_controller(self._controller_cfg, store=self.store, metrics=metrics,
-                                           event_metrics=self.gateway.metrics)
+        self.parts = build_controller(self._controller_cfg, store=self.store, metrics=metrics,
+                                      event_metrics=self.gateway.metrics, actuators=self._actuator_cfg,
+                                      pager=self._pager_cfg)
+        controller = self.parts.controller
         # Fast detectors run as soon as their evidence is written, not on their next turn.
-        self.gateway.observe(LiveFeed(self.controller.detectors, wake=self.controller.wake))
-        self.controller.start()
+        self.gateway.observe(LiveFeed(controller.detectors, wake=controller.wake))
+        self.parts.start()
+
+    @property
+    def controller(self) -> Controller | None:
+        """The controller, once started (None when the config turns it off)."""
+        return None if self.parts is None else self.parts.controller
 
     def stop(self) -> None:
         """Stop the controller, the clock service, the endpoints and the gateway."""
-        if self.controller is not None:
-            self.controller.stop()
+        if self.parts is not None:
+            self.parts.stop()
         if self._clock_http is not None:
             self._clock_http.stop()
         if self.clock is not None:

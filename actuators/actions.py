@@ -1,0 +1,230 @@
+"""The ``actions`` table: every runner decision and every step of every action, restart-safe.
+
+One row per version of an action (``ReplacingMergeTree(Version)``, like ``incidents``): a
+decision writes version 1 (``refused``, ``dry_run``, ``awaiting_approval``, ``applying`` or
+``failed`` when planning itself failed), and each later phase writes the next. A restarted
+runner reads the newest version of each action to know which plans were already decided
+(idempotency), when each entity was last acted on (cooldown), and which actions a crash cut
+short (they become ``interrupted``, never re-run).
+
+Current state, one row per action::
+
+    SELECT ActionId, Plugin, Entity, Status, Reason FROM actions FINAL ORDER BY DecidedAt
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ridethrough.exporters import schema
+from ridethrough.exporters.schema import Column, Table
+from ridethrough.exporters.store import Store
+
+_LC = "LowCardinality(String)"
+_TIME = "DateTime64(9)"
+
+ACTIONS = Table(
+    "actions",
+    (
+        Column("ActionId", "String"),
+        Column("PlanId", "String"),
+        Column("IncidentId", "String"),
+        Column("IncidentKey", "String"),
+        Column("TraceId", "String"),
+        Column("Cluster", _LC),
+        Column("Plugin", _LC),
+        Column("Entity", "String"),
+        Column("Status", _LC),
+        Column("Reason", "String"),
+        Column("DryRun", "Bool"),
+        Column("Summary", "String"),
+        Column("Steps", "Array(String)"),
+        Column("DrainsHosts", "Array(String)"),
+        Column("RemovesPaths", "Array(String)"),
+        Column("PathShares", "Map(String, Float64)"),
+        Column("Detail", "String"),
+        Column("DecidedAt", _TIME),
+        Column("StartedAt", _TIME),
+        Column("EndedAt", _TIME),
+        Column("Timings", "Map(LowCardinality(String), Float64)"),
+        Column("Version", "UInt64"),
+    ),
+    (),
+    "toYYYYMM(DecidedAt)",
+    "(Cluster, PlanId, ActionId)",
+    "cityHash64(Cluster, PlanId)",
+    engine="ReplacingMergeTree(Version)",
+)
+"""``actions``: the highest ``Version`` of an ``ActionId`` is its state. ``PlanId`` is the plan's
+idempotency key ('' when planning failed); ``StartedAt``/``EndedAt`` are 0 (1970) until apply
+starts/the action ends (an action with a ``StartedAt`` touched the fleet, or may have);
+``Timings`` holds seconds per phase (``apply_s``...) and the plugin's own."""
+
+
+class Status(enum.Enum):
+    """Where an action is; the first five can be a decision, the rest follow from one."""
+
+    REFUSED = "refused"
+    """By policy (the reason says which rule) or an approval that timed out."""
+    FAILED = "failed"
+    """Planning raised or gave a bad plan, or the action failed and its rollback failed too."""
+    DRY_RUN = "dry_run"
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPLYING = "applying"
+    DENIED = "denied"
+    VERIFYING = "verifying"
+    ROLLING_BACK = "rolling_back"
+    SUCCEEDED = "succeeded"
+    ROLLED_BACK = "rolled_back"
+    INTERRUPTED = "interrupted"
+    """The runner stopped (crashed) mid-action; never re-run automatically."""
+
+
+IN_FLIGHT = frozenset({Status.AWAITING_APPROVAL, Status.APPLYING, Status.VERIFYING, Status.ROLLING_BACK})
+
+
+def consumes_key(status: Status, *, dry_run_mode: bool) -> bool:
+    """Whether a plan decided with ``status`` may never be decided again (its key is spent).
+
+    A refusal does not spend the key (the same plan may pass later); a dry run spends it only
+    for other dry runs, so turning dry-run off lets the plan act for real once.
+    """
+    if status is Status.REFUSED:
+        return False
+    if status is Status.DRY_RUN:
+        return dry_run_mode
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One version of one action (a row of ``actions``)."""
+
+    action_id: str
+    plan_id: str
+    incident_id: str
+    incident_key: str
+    trace_id: str
+    cluster: str
+    plugin: str
+    entity: str
+    status: Status
+    reason: str
+    dry_run: bool
+    summary: str
+    steps: tuple[str, ...]
+    drains_hosts: tuple[str, ...]
+    removes_paths: tuple[str, ...]
+    path_shares: Mapping[str, float]
+    detail: str
+    decided_at_ns: int
+    started_at_ns: int = 0
+    ended_at_ns: int = 0
+    timings_s: Mapping[str, float] = field(default_factory=dict)
+    version: int = 1
+
+    def row(self) -> tuple[Any, ...]:
+        """The values in `ACTIONS`' insert order."""
+        return (self.action_id, self.plan_id, self.incident_id, self.incident_key, self.trace_id, self.cluster,
+                self.plugin, self.entity, self.status.value, self.reason, self.dry_run, self.summary,
+                list(self.steps), list(self.drains_hosts), list(self.removes_paths), dict(self.path_shares),
+                self.detail, self.decided_at_ns, self.started_at_ns, self.ended_at_ns, dict(self.timings_s),
+                self.version)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ActionRecord:
+        """A record from a row read back in `ACTIONS`' insert order (times as Unix nanoseconds)."""
+        (aid, pid, iid, ikey, trace, cluster, plugin, entity, status, reason, dry, summary, steps, drains,
+         removes, shares, detail, decided, started, ended, timings, version) = row
+        return cls(aid, pid, iid, ikey, trace, cluster, plugin, entity, Status(status), reason, bool(dry), summary,
+                   tuple(steps), tuple(drains), tuple(removes), dict(shares), detail, int(decided), int(started),
+                   int(ended), dict(timings), int(version))
+
+
+def actions_ddl(*, cluster: str = "") -> Iterator[str]:
+    """The statements that create ``actions`` (``_local`` + Distributed when clustered)."""
+    yield schema.create_table_sql(ACTIONS, cluster=cluster)
+    if cluster:
+        yield schema.create_distributed_sql(ACTIONS, cluster=cluster)
+
+
+def ensure_actions_table(store: Store) -> None:
+    """Create ``actions`` if it is missing (idempotent)."""
+    for statement in actions_ddl(cluster=store.cluster):
+        store.command(statement)
+
+
+_TIMES = frozenset(c.name for c in ACTIONS.columns if c.type == _TIME)
+_SELECT = ", ".join(f"toUnixTimestamp64Nano({c})" if c in _TIMES else c for c in ACTIONS.insert_columns)
+# The newest version of each action of one plan.
+_BY_PLAN = f"""
+SELECT argMax(tuple({_SELECT}), Version) FROM actions
+WHERE Cluster = {{cluster:String}} AND PlanId = {{plan_id:String}}
+GROUP BY ActionId
+"""
+# The newest version of each action that may matter to a starting runner: decided recently
+# (cooldowns), or last seen in flight (a crash cut it short).
+_RECENT = f"""
+SELECT argMax(tuple({_SELECT}), Version) AS row, argMax(Status, Version) AS status,
+       argMax(DecidedAt, Version) AS decided
+FROM actions
+WHERE {{all_clusters:Bool}} OR Cluster = {{cluster:String}}
+GROUP BY ActionId
+HAVING status IN {{in_flight:Array(String)}} OR decided >= fromUnixTimestamp64Nano(toInt64({{since_ns:Int64}}))
+ORDER BY decided
+"""
+
+
+class ActionLog:
+    """Reads and writes ``actions`` through the shared `Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def ensure_table(self) -> None:
+        """Create the table if it is missing."""
+        ensure_actions_table(self._store)
+
+    def write(self, record: ActionRecord) -> None:
+        """Insert one version; a retry of the same (action, version) is dropped by the store."""
+        token = "actions:" + hashlib.sha256(f"{record.action_id}:{record.version}".encode()).hexdigest()
+        self._store.insert_columns(ACTIONS, [[v] for v in record.row()], token=token)
+
+    def by_plan(self, plan_id: str, *, cluster: str) -> list[ActionRecord]:
+        """The newest version of every action decided for this plan id."""
+        _, rows = self._store.query(_BY_PLAN, parameters={"cluster": cluster, "plan_id": plan_id})
+        return [ActionRecord.from_row(r[0]) for r in rows]
+
+    def recent(self, since_ns: int, *, cluster: str | None) -> list[ActionRecord]:
+        """Newest versions of actions decided since ``since_ns`` or still in flight (None: every cluster)."""
+        _, rows = self._store.query(_RECENT, parameters={
+            "all_clusters": cluster is None, "cluster": cluster or "", "since_ns": since_ns,
+            "in_flight": sorted(s.value for s in IN_FLIGHT)})
+        return [ActionRecord.from_row(r[0]) for r in rows]
+
+    def recover(self, now_ns: int, *, cooldown_s: float, dry_run: bool,
+                cluster: str | None) -> tuple[int, dict[tuple[str, str], int]]:
+        """Start-up: close actions a previous runner left in flight, and read when entities were last acted on.
+
+        An action cut short while applying, verifying or rolling back becomes ``interrupted`` (it
+        may have touched the fleet: never re-run, and it starts the cooldown); one that only
+        awaited approval is ``refused``. Returns how many were closed, and (cluster, entity) →
+        when its last action ended (dry runs count only in dry-run mode).
+        """
+        closed, last = 0, dict[tuple[str, str], int]()
+        for r in self.recent(now_ns - round(cooldown_s * 1e9), cluster=cluster):
+            if r.status in IN_FLIGHT:
+                status = Status.REFUSED if r.status is Status.AWAITING_APPROVAL else Status.INTERRUPTED
+                r = replace(r, status=status, reason=f"runner restarted while {r.status.value}", ended_at_ns=now_ns,
+                            version=r.version + 1)
+                self.write(r)
+                closed += 1
+            # Apply started: the fleet was (or may have been) touched, so the entity cools down.
+            if r.started_at_ns or (r.status is Status.DRY_RUN and dry_run):
+                key = (r.cluster, r.entity)
+                last[key] = max(last.get(key, 0), r.ended_at_ns or r.decided_at_ns)
+        return closed, last

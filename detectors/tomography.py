@@ -1,0 +1,226 @@
+"""Localisation by network tomography: the links that explain the probe paths that lose packets.
+
+Every agent probes paths (its NIC → a peer's NIC) and reports, per path, probes sent and lost
+by direction (``ridethrough.probe.*``). The metrics name the path's ends, not the links
+between them, so the detector is given a `RouteMap`: for each direction of each probed path,
+the routes its packets may take (ordered link names, ``h3-leaf1r0``, ``leaf1r0-spine1``). One
+route is an exact path (walked in the fabric); several are ECMP members the map cannot tell
+apart (`RouteMap.from_fabric`, the design: a cross-rack path may use any spine).
+
+Each direction of each path in the window is an `Observation`: *bad* (loss at or above
+``loss_bad_ratio``), *good* (loss at most ``loss_good_ratio``) or neither (too few probes,
+loss in between). A path with no reply at all (suspended, or forward loss above
+``down_ratio``) is one bad observation over both directions' routes: with no reply the prober
+cannot tell which way its probes died. `localise` then runs a greedy set cover (see there).
+
+Congestion is not breakage. Delay alone never makes a path bad here; and a lossy path whose
+RTT sits well above its own baseline (a queue filling up and dropping: the signature of
+congestion, `ridethrough.detectors.congestion`) is left out of the vote, neither bad nor good.
+Only a path dying altogether (``down_ratio``) is bad whatever its delay.
+
+Limits: a host whose agent dies looks like all of its links cut (AgentSilent says which it
+is); with the design map, a bad leaf-spine link is named among the candidates the map cannot
+separate (``candidates`` in the evidence, confidence split between them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from ridethrough.detectors import sql
+from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
+from ridethrough.detectors.fabric_map import Route, RouteFile, RouteMap, path_id
+
+log = logging.getLogger(__name__)
+
+EVIDENCE_MAX = 50
+"""Most path ids listed in one finding's evidence (the counts are always complete)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One direction of one path over the window: the routes its packets may take, its verdict, its loss."""
+
+    path: str
+    routes: tuple[Route, ...]
+    bad: bool
+    loss: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    """A link `localise` chose, with the bad paths it explains and the good paths that cross it."""
+
+    link: str
+    explained: tuple[str, ...]
+    contradicting: tuple[str, ...]
+    votes: float
+    """Explained bad paths, each weighted by the share of its routes that cross the link."""
+    candidates: tuple[str, ...]
+    """Every link the data cannot tell apart from ``link`` (itself included)."""
+    confidence: float
+
+
+def _weights(obs: Observation) -> dict[str, float]:
+    """Per link, the share of the observation's routes that cross it (1: certainly crossed)."""
+    counts = Counter(link for route in obs.routes for link in set(route))
+    return {link: n / len(obs.routes) for link, n in counts.items()}
+
+
+def localise(observations: Iterable[Observation], *, min_paths: float = 2.0, min_share: float = 0.6) -> list[Blame]:
+    """Greedy set cover: the fewest links that explain the bad observations.
+
+    Repeatedly pick the link with the highest ``votes - against``: ``votes`` sums, over the bad
+    observations not yet explained, the share of each one's routes that cross the link;
+    ``against`` counts the good observations that certainly cross it (on every route: a good
+    path that may have gone another way clears nothing). A link is eligible with ``votes >=
+    min_paths`` (one stray bad path blames nothing) and ``votes / (votes + against) >=
+    min_share`` (a link that many good paths cross is cleared). Its bad observations are then
+    explained; stop when all are, or no link is eligible. Confidence is that share, divided
+    among the links with the same score and the same explained paths (``candidates``).
+    """
+    obs = list(observations)
+    bad = {o.path: _weights(o) for o in obs if o.bad and o.routes}
+    crossers: dict[str, list[str]] = defaultdict(list)
+    for o in obs:
+        if not o.bad and o.routes:
+            for link, w in _weights(o).items():
+                if w == 1.0:
+                    crossers[link].append(o.path)
+    unexplained = set(bad)
+    out: list[Blame] = []
+    while unexplained and (blame := _pick({p: bad[p] for p in unexplained}, crossers, min_paths, min_share)):
+        out.append(blame)
+        unexplained -= set(blame.explained)
+    return out
+
+
+def _pick(bad: Mapping[str, Mapping[str, float]], crossers: Mapping[str, list[str]], min_paths: float,
+          min_share: float) -> Blame | None:
+    """The best eligible link for the ``bad`` observations left (`localise`), or None."""
+    scores: dict[str, tuple[float, float]] = {}
+    explains: dict[str, tuple[str, ...]] = {}
+    for link in sorted({link for weights in bad.values() for link in weights}):
+        votes = sum(weights.get(link, 0.0) for weights in bad.values())
+        against = len(crossers.get(link, ()))
+        if votes >= min_paths and votes / (votes + against) >= min_share:
+            scores[link] = (votes - against, votes)
+            explains[link] = tuple(sorted(p for p, weights in bad.items() if link in weights))
+    if not scores:
+        return None
+    best = max(scores, key=lambda link: scores[link])  # the first in name order among equals
+    ties = tuple(link for link in scores if scores[link] == scores[best] and explains[link] == explains[best])
+    votes = scores[best][1]
+    contradicting = tuple(sorted(crossers.get(best, ())))
+    share = votes / (votes + len(contradicting))
+    return Blame(best, explains[best], contradicting, votes, ties, share / len(ties))
+
+
+class Tomography:
+    """Links that explain the lossy probe paths (see the module docstring).
+
+    Queries: ``probe_loss`` (per path, probes sent and lost by direction, suspended) and
+    ``probe_rtt_shift`` (per path, the p50 RTT of the last ``recent_s`` against the rest of
+    the window: a queue when at least half the recent points exceed ``queue_factor`` times the
+    baseline and ``queue_margin_s`` more). A direction needs ``min_probes`` probes to count.
+    """
+
+    name = "tomography"
+
+    def __init__(self, *, routes: RouteMap | Callable[[], RouteMap], interval_s: float = 10.0,
+                 window_s: float = 60.0, loss_bad_ratio: float = 0.02, loss_good_ratio: float = 0.002,
+                 down_ratio: float = 0.9, min_probes: int = 20, min_paths: float = 2.0, min_share: float = 0.6,
+                 recent_s: float = 20.0, queue_factor: float = 1.5, queue_margin_s: float = 50e-6) -> None:
+        if not 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1:
+            raise ValueError("tomography: expected 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1")
+        self._routes: Callable[[], RouteMap]
+        if isinstance(routes, RouteMap):
+            fixed = routes
+            self._routes = lambda: fixed
+        else:
+            self._routes = routes
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.loss_bad_ratio, self.loss_good_ratio, self.down_ratio = loss_bad_ratio, loss_good_ratio, down_ratio
+        self.min_probes, self.min_paths, self.min_share = min_probes, min_paths, min_share
+        self.recent_s, self.queue_factor, self.queue_margin_s = recent_s, queue_factor, queue_margin_s
+
+    def detect(self, window: Window) -> list[Finding]:
+        """One finding per link the set cover chose."""
+        routes = self._routes()
+        queued = self._queued(window)
+        observations: list[Observation] = []
+        last_ns: dict[str, int] = {}
+        for key, stats in sql.probe_loss(window).items():
+            for o in self._observe(key, stats, routes, key in queued):
+                observations.append(o)
+                last_ns[o.path] = int(stats["last_ns"])
+        loss = {o.path: o.loss for o in observations}
+        return [self._finding(b, loss, last_ns, window)
+                for b in localise(observations, min_paths=self.min_paths, min_share=self.min_share)]
+
+    def _queued(self, window: Window) -> set[sql.PathKey]:
+        rows = sql.gauge_shift(window, "ridethrough.probe.rtt", sql.PROBE_PATH,
+                               split_ns=window.end_ns - round(self.recent_s * 1e9), factor=self.queue_factor,
+                               margin=self.queue_margin_s, match={"probe.quantile": ["p50"]})
+        return {(r["probe.src.node"], r["probe.src.nic"], r["probe.dst.node"], r["probe.dst.nic"]) for r in rows
+                if r["base_n"] and r["recent_n"] and 2 * r["above"] >= r["recent_n"]}
+
+    def _observe(self, key: sql.PathKey, stats: Mapping[str, float], routes: RouteMap,
+                 queued: bool) -> list[Observation]:
+        fwd, rev = path_id(*key, "forward"), path_id(*key, "reverse")
+        sent, lost_fwd = stats["sent"], stats["lost_forward"]
+        if stats["suspended"] or (sent >= self.min_probes and lost_fwd >= self.down_ratio * sent):
+            # No reply comes back, so the prober cannot tell which way its probes died: either route may hold the fault.
+            either = routes.routes(fwd) + routes.routes(rev)
+            return [Observation(path_id(*key, "both"), either, True, 1.0)] if either else []
+        out: list[Observation] = []
+        for pid, n, lost in ((fwd, sent, lost_fwd), (rev, sent - lost_fwd, stats["lost_reverse"])):
+            # reverse loss is out of the probes that reached the peer: the others never had a way back
+            if n < self.min_probes or not routes.routes(pid):
+                continue
+            ratio = min(1.0, lost / n)
+            if ratio >= self.loss_bad_ratio and not queued:
+                out.append(Observation(pid, routes.routes(pid), True, ratio))
+            elif ratio <= self.loss_good_ratio:
+                out.append(Observation(pid, routes.routes(pid), False, ratio))
+        return out
+
+    def _finding(self, b: Blame, loss: Mapping[str, float], last_ns: Mapping[str, int], window: Window) -> Finding:
+        losses = sorted(loss[p] for p in b.explained)
+        median = losses[len(losses) // 2]
+        down = median >= self.down_ratio
+        others = [c for c in b.candidates if c != b.link]
+        summary = (f"{b.link} {'down' if down else 'losing packets'}: explains {len(b.explained)} bad path(s) "
+                   f"(median loss {median:.1%}); {len(b.contradicting)} good path(s) cross it"
+                   + (f"; the data cannot tell it from {', '.join(others)}" if others else ""))
+        return Finding(
+            detector=self.name, kind=FindingKind.LINK_DOWN if down else FindingKind.LINK_DEGRADING,
+            entity_type=EntityType.LINK, entity=b.link, severity=Severity.CRITICAL if down else Severity.WARNING,
+            confidence=b.confidence, summary=summary, observed_at_ns=max(last_ns[p] for p in b.explained),
+            cluster=window.cluster,
+            evidence={"query": "probe_loss", "explained": len(b.explained), "contradicting": len(b.contradicting),
+                      "votes": b.votes, "median_loss": median, "candidates": list(b.candidates),
+                      "bad_paths": {p: loss[p] for p in b.explained[:EVIDENCE_MAX]},
+                      "good_paths": list(b.contradicting[:EVIDENCE_MAX])},
+        )
+
+
+def build(cfg: object) -> list[Detector]:
+    """The tomography detector when ``cfg.fabric_map_file`` names a route map; none without one."""
+    path: str = getattr(cfg, "fabric_map_file", "")
+    if not path:
+        log.info("tomography: no fabric_map_file configured; links are not localised from probe paths")
+        return []
+    return [Tomography(routes=RouteFile(path),
+                       interval_s=getattr(cfg, "tomography_interval_s", 10.0),
+                       window_s=getattr(cfg, "tomography_window_s", 60.0),
+                       loss_bad_ratio=getattr(cfg, "tomography_loss_bad_ratio", 0.02),
+                       loss_good_ratio=getattr(cfg, "tomography_loss_good_ratio", 0.002),
+                       down_ratio=getattr(cfg, "tomography_down_ratio", 0.9),
+                       min_probes=getattr(cfg, "tomography_min_probes", 20),
+                       min_paths=getattr(cfg, "tomography_min_paths", 2.0),
+                       min_share=getattr(cfg, "tomography_min_share", 0.6))]

@@ -1,0 +1,271 @@
+"""Tomography: the set cover on lab topologies with known bad links, the route map, and a store-backed run.
+
+Exact routes stand in for walked ones: each direction of each probe path takes one of the
+design's ECMP members, picked by a hash of the path id (as the fabric's hash picks one per flow).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ridethrough.detectors import tomography
+from ridethrough.detectors.contract import EntityType, FindingKind
+from ridethrough.detectors.tomography import Observation, RouteFile, RouteMap, Tomography, localise
+from ridethrough.exporters import schema
+from ridethrough.exporters.store import Store
+from ridethrough.lab.topology import Topology, TopologySpec
+from tests import test_detectors as td
+
+store = td.store  # the module-scoped chDB store of the detector tests
+
+TWO_RACKS = Topology(TopologySpec(hosts=8, racks=2, rails=2, spines=2))
+THREE_RACKS = Topology(TopologySpec(hosts=9, racks=3, rails=2, spines=2))
+
+
+def exact(topo: Topology) -> RouteMap:
+    """One ECMP member per path direction, as a walk of the running fabric would find."""
+    design = RouteMap.from_fabric(topo).to_json()["routes"]
+    def pick(pid: str) -> int:  # not a CRC: its linearity would tie a path's two directions to each other
+        return int.from_bytes(hashlib.sha256(pid.encode()).digest()[:4], "big")
+    return RouteMap({pid: [routes[pick(pid) % len(routes)]] for pid, routes in design.items()})
+
+
+def observe(routes: RouteMap, bad_links: Collection[str], *, spurious: Sequence[str] = ()) -> list[Observation]:
+    """Every path direction: bad if each route it may take crosses a bad link, or if listed as spurious."""
+    out = []
+    for pid in routes.to_json()["routes"]:
+        alts = routes.routes(pid)
+        bad = pid in spurious or all(set(r) & set(bad_links) for r in alts)
+        out.append(Observation(pid, alts, bad, 0.1 if bad else 0.0))
+    return out
+
+
+def test_route_map_from_the_lab_design() -> None:
+    routes = RouteMap.from_fabric(TWO_RACKS)
+    assert len(routes) == 8 * 7 * 2 * 2  # ordered host pairs x rails x directions
+    assert routes.routes("h0/nic0->h1/nic0:forward") == (("h0-leaf0r0", "h1-leaf0r0"),)
+    assert routes.routes("h0/nic1->h5/nic1:reverse") == (
+        ("h5-leaf1r1", "leaf1r1-spine0", "leaf0r1-spine0", "h0-leaf0r1"),
+        ("h5-leaf1r1", "leaf1r1-spine1", "leaf0r1-spine1", "h0-leaf0r1"))
+    assert routes.routes("h0/nic0->h99/nic0:forward") == ()
+    assert RouteMap.parse(json.loads(json.dumps(routes.to_json()))).to_json() == routes.to_json()
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    ([], "expected"),
+    ({"routes": {}, "extra": 1}, "expected"),
+    ({"routes": {"h0-h1": [["a"]]}}, "h0-h1"),
+    ({"routes": {"h0/nic0->h1/nic0:sideways": [["a"]]}}, "sideways"),
+    ({"routes": {"h0/nic0->h1/nic0:forward": []}}, "non-empty"),
+    ({"routes": {"h0/nic0->h1/nic0:forward": ["h0-leaf0r0"]}}, "non-empty"),
+    ({"routes": {"h0/nic0->h1/nic0:forward": [["h0-leaf0r0", ""]]}}, "non-empty"),
+])
+def test_route_map_rejects_bad_input(data: Any, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        RouteMap.parse(data)
+
+
+def test_route_file_reloads_and_keeps_the_last_good_map(tmp_path: Path) -> None:
+    path = tmp_path / "routes.json"
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        RouteFile(path)
+    path.write_text(json.dumps({"routes": {"h0/nic0->h1/nic0:forward": [["h0-leaf0r0", "h1-leaf0r0"]]}}))
+    source = RouteFile(path)
+    assert len(source()) == 1
+    path.write_text(json.dumps(exact(TWO_RACKS).to_json()))
+    os.utime(path, ns=(1, 10**18))  # a new mtime even on a coarse clock
+    assert len(source()) == 224
+    path.write_text("{half written")
+    os.utime(path, ns=(1, 2 * 10**18))
+    assert len(source()) == 224
+    path.unlink()
+    assert len(source()) == 224
+
+
+def _blamed(found: list[tomography.Blame]) -> list[str]:
+    return [b.link for b in found]
+
+
+@pytest.mark.parametrize("link", ["h3-leaf1r0", "h0-leaf0r1", "h8-leaf2r1"])
+def test_a_bad_host_link_is_found_alone(link: str) -> None:
+    routes = exact(THREE_RACKS)
+    [blame] = localise(observe(routes, {link}))
+    assert blame.link == link and blame.candidates == (link,) and blame.confidence == 1.0
+    assert blame.contradicting == ()
+    assert {o.path for o in observe(routes, {link}) if o.bad} == set(blame.explained)
+
+
+@pytest.mark.parametrize("link", ["leaf1r0-spine1", "leaf0r1-spine0", "leaf2r0-spine0"])
+def test_a_bad_leaf_spine_link_is_not_blamed_on_the_hosts_below_it(link: str) -> None:
+    [blame] = localise(observe(exact(THREE_RACKS), {link}))
+    assert blame.link == link and blame.candidates == (link,)
+    assert blame.confidence == 1.0
+
+
+def test_every_single_bad_link_is_localised() -> None:
+    routes = exact(THREE_RACKS)
+    for link in (lk.name for lk in THREE_RACKS.links):
+        found = localise(observe(routes, {link}))
+        assert len(found) == 1 and link in found[0].candidates, link
+
+
+def test_two_bad_links_are_both_found() -> None:
+    bad = {"h3-leaf1r0", "leaf0r1-spine0"}
+    found = localise(observe(exact(THREE_RACKS), bad))
+    assert sorted(_blamed(found)) == sorted(bad)
+    assert all(b.confidence == 1.0 for b in found)
+
+
+def test_two_racks_cannot_tell_the_two_ends_of_a_spine_apart() -> None:
+    # with two racks every path through leaf0r0-spine1 also crosses leaf1r0-spine1, and back
+    [blame] = localise(observe(exact(TWO_RACKS), {"leaf0r0-spine1"}))
+    assert set(blame.candidates) == {"leaf0r0-spine1", "leaf1r0-spine1"}
+    assert blame.confidence == 0.5
+
+
+def test_the_design_map_names_candidates_for_a_leaf_spine_link() -> None:
+    design, walked = RouteMap.from_fabric(THREE_RACKS), exact(THREE_RACKS)
+    truth = observe(walked, {"leaf0r0-spine1"})  # what the paths really saw
+    seen = [Observation(o.path, design.routes(o.path), o.bad, o.loss) for o in truth]
+    [blame] = localise(seen)
+    assert "leaf0r0-spine1" in blame.candidates and blame.confidence <= 0.5
+
+
+def test_one_spurious_bad_path_blames_nothing() -> None:
+    routes = exact(THREE_RACKS)
+    assert localise(observe(routes, set(), spurious=["h0/nic0->h4/nic0:forward"])) == []
+    both = ["h0/nic0->h4/nic0:forward", "h0/nic0->h4/nic0:reverse"]
+    assert localise(observe(routes, set(), spurious=both)) == []
+
+
+def test_noise_beside_a_real_fault_adds_no_link() -> None:
+    found = localise(observe(exact(THREE_RACKS), {"h3-leaf1r0"}, spurious=["h6/nic1->h1/nic1:forward"]))
+    assert _blamed(found) == ["h3-leaf1r0"]
+
+
+# -- store-backed -------------------------------------------------------------------------
+
+PROBES_PER_STEP = 20  # 2 pairs/s over 5 s between collections
+SUMS = {"ridethrough.probe.sent", "ridethrough.probe.lost"}
+
+
+def _cum(step: int, n: int) -> list[float]:
+    return [float(step * (i + 1)) for i in range(n)]
+
+
+def _path_rows(c: str, src: str, nic: str, dst: str, loss: tuple[float, float], *, rtt_s: Sequence[float] = (),
+               suspended: bool = False) -> list[dict[str, Any]]:
+    attrs = {"probe.src.node": src, "probe.src.nic": nic, "probe.dst.node": dst, "probe.dst.nic": nic}
+    n = td.N
+    lost_fwd = round(PROBES_PER_STEP * loss[0])
+    lost_rev = round((PROBES_PER_STEP - lost_fwd) * loss[1])
+    rows = (td.series(c, src, "ridethrough.probe.sent", attrs, _cum(PROBES_PER_STEP, n))
+            + td.series(c, src, "ridethrough.probe.lost", {**attrs, "probe.direction": "forward"}, _cum(lost_fwd, n))
+            + td.series(c, src, "ridethrough.probe.lost", {**attrs, "probe.direction": "reverse"}, _cum(lost_rev, n))
+            + td.series(c, src, "ridethrough.probe.path.suspended", attrs, [float(suspended)] * n))
+    if rtt_s:
+        rows += td.series(c, src, "ridethrough.probe.rtt", {**attrs, "probe.quantile": "p50"}, rtt_s)
+    return rows
+
+
+def fabric_rows(c: str, topo: Topology, routes: RouteMap, bad: dict[str, float], *,
+                congested: Collection[str] = ()) -> list[dict[str, Any]]:
+    """Every host probes every other over each rail; a direction loses ``bad[link]`` on a bad link.
+
+    Paths crossing a ``congested`` link see their RTT rise over the last 20 s (a queue).
+    """
+    rows: list[dict[str, Any]] = []
+    for src in topo.hosts:
+        for dst in (h for h in topo.hosts if h != src):
+            for r in range(topo.spec.rails):
+                nic = f"nic{r}"
+                fwd, rev = (routes.routes(tomography.path_id(src, nic, dst, nic, d))[0] for d in ("forward", "reverse"))
+                loss = tuple(max((bad.get(link, 0.0) for link in route), default=0.0) for route in (fwd, rev))
+                queue = bool(set(fwd + rev) & set(congested))
+                rtt = [50e-6 + (2e-3 if queue and t >= td.END - 20 * td.S else 0.0) for t in td.TIMES]
+                rows += _path_rows(c, src, nic, dst, (loss[0], loss[1]), rtt_s=rtt,
+                                   suspended=loss[0] >= 1.0 or loss[1] >= 1.0)
+    return rows
+
+
+def write(store: Store, rows: Sequence[dict[str, Any]], *, twice: bool = False) -> None:
+    for _ in range(2 if twice else 1):
+        td.insert(store, schema.GAUGE, [r for r in rows if r["MetricName"] not in SUMS])
+        td.insert(store, schema.SUM, [r for r in rows if r["MetricName"] in SUMS])
+
+
+@pytest.fixture(scope="module")
+def walked() -> RouteMap:
+    return exact(TWO_RACKS)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("twice", [False, True])
+def test_store_a_lossy_host_link_is_degrading(store: Store, walked: RouteMap, twice: bool) -> None:
+    c = f"tomo-lossy-{twice}"
+    write(store, fabric_rows(c, TWO_RACKS, walked, {"h3-leaf0r1": 0.1}), twice=twice)
+    [f] = td.run(store, Tomography(routes=walked), c)
+    assert (f.kind, f.entity_type, f.entity) == (FindingKind.LINK_DEGRADING, EntityType.LINK, "h3-leaf0r1")
+    assert f.evidence["explained"] == 7 * 2 * 2  # both directions of h3's nic1 paths and of theirs to h3
+    assert f.evidence["median_loss"] == pytest.approx(0.1, rel=0.15)
+    assert td.T0 <= f.observed_at_ns <= td.END
+
+
+@pytest.mark.integration
+def test_store_a_cut_leaf_spine_link_is_down(store: Store, walked: RouteMap) -> None:
+    c = "tomo-down"
+    write(store, fabric_rows(c, TWO_RACKS, walked, {"leaf1r1-spine0": 1.0}))
+    [f] = td.run(store, Tomography(routes=walked), c)
+    assert f.kind is FindingKind.LINK_DOWN and f.entity in {"leaf1r1-spine0", "leaf0r1-spine0"}
+    assert set(f.evidence["candidates"]) == {"leaf1r1-spine0", "leaf0r1-spine0"}
+    assert all(p.endswith(":both") for p in f.evidence["bad_paths"])
+
+
+def _reset(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every counter restarts from zero half-way (the path left the probed set and came back)."""
+    half = td.T0 + 270 * td.S
+    first = {(r["MetricName"], tuple(sorted(r["Attributes"].items()))): r["Value"] for r in rows
+             if r["TimeUnix"] == half and r["MetricName"] in SUMS}
+    return [{**r, "Value": r["Value"] - first[(r["MetricName"], tuple(sorted(r["Attributes"].items())))]}
+            if r["MetricName"] in SUMS and r["TimeUnix"] > half else r for r in rows]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ["healthy", "duplicated", "gap", "counter_reset", "clock_jump", "congested"])
+def test_store_no_fault_no_finding(store: Store, walked: RouteMap, case: str) -> None:
+    c = f"tomo-quiet-{case}"
+    rows = fabric_rows(c, TWO_RACKS, walked, {})
+    if case == "gap":
+        rows = [r for r in rows if not td.T0 + 250 * td.S < r["TimeUnix"] < td.T0 + 290 * td.S]
+    elif case == "counter_reset":
+        rows = _reset(rows)
+    elif case == "clock_jump":
+        rows = td._jump(rows, after=td.T0 + 270 * td.S)
+    elif case == "congested":  # a queue that drops: lossy paths whose RTT grew are left out of the vote
+        rows = fabric_rows(c, TWO_RACKS, walked, {"h2-leaf0r0": 0.05}, congested={"h2-leaf0r0"})
+    write(store, rows, twice=case == "duplicated")
+    assert td.run(store, Tomography(routes=walked), c) == []
+    if case == "congested":  # the control: blind to queues, the same rows blame the link
+        blind = Tomography(routes=walked, queue_factor=1e9)
+        assert [f.entity for f in td.run(store, blind, c)] == ["h2-leaf0r0"]
+
+
+def test_build_needs_a_route_file(tmp_path: Path) -> None:
+    assert tomography.build(SimpleNamespace()) == []
+    path = tmp_path / "routes.json"
+    path.write_text(json.dumps(exact(TWO_RACKS).to_json()))
+    [det] = tomography.build(SimpleNamespace(fabric_map_file=str(path), tomography_window_s=90.0))
+    assert det.name == "tomography" and det.window_s == 90.0
+    path.write_text("[]")
+    os.utime(path, ns=(1, 10**18))
+    with pytest.raises(ValueError, match="route map"):
+        tomography.build(SimpleNamespace(fabric_map_file=str(path)))

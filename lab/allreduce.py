@@ -37,7 +37,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="Seconds to run when --steps is 0 (a launcher stops the job sooner).")
     ap.add_argument("--elements", type=int, default=1 << 18, help="float32 elements all-reduced per step.")
     ap.add_argument("--job", default=env.get("RIDETHROUGH_JOB", "lab-allreduce"), help="Job id reported to the agent.")
-    ap.add_argument("--job-socket", default="", help="The local agent's job socket; empty reports nothing.")
+    ap.add_argument("--job-socket", default=env.get("RIDETHROUGH_JOB_SOCKET", ""),
+                    help="The local agent's job socket; empty reports nothing.")
+    ap.add_argument("--compute-matmuls", type=int, default=16,
+                    help="256x256 matrix products per step before the all-reduce: a fixed amount of work standing "
+                         "in for forward and backward, so a slow rank computes longer and the others wait.")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="Collective timeout.")
     return ap.parse_args(argv)
 
@@ -58,6 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", args.iface)
+    torch.set_num_threads(1)  # one core's worth per rank: the lab packs many ranks on few cores
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
                             rank=args.rank, world_size=args.world_size,
                             timeout=timedelta(seconds=args.timeout_s))
@@ -67,16 +72,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wrong = 0
     deadline = time.monotonic() + args.duration
     step = 0
+    weights = torch.rand(256, 256)
     try:
         while (step < args.steps) if args.steps else (time.monotonic() < deadline):
             start_ns = time.time_ns()
+            activations = weights
+            for _ in range(args.compute_matmuls):
+                activations = torch.tanh(activations @ weights)
             tensor = torch.full((args.elements,), float(args.rank + 1))
+            computed_ns = time.time_ns()
             dist.all_reduce(tensor)
             end_ns = time.time_ns()
             wrong += int(not torch.all(tensor == expected).item())
             step_s.append((end_ns - start_ns) / 1e9)
             if reporter is not None:
-                reporter.step(step, start_ns, end_ns, samples=args.elements)
+                phases = {"compute_s": (computed_ns - start_ns) / 1e9, "wait_s": (end_ns - computed_ns) / 1e9}
+                reporter.step(step, start_ns, end_ns, samples=args.elements, phases=phases)
             step += 1
     finally:
         dist.destroy_process_group()

@@ -45,7 +45,9 @@ class LabJobLauncher:
                 rank = host_index * job.ranks_per_host + local
                 env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
                        "LOCAL_WORLD_SIZE": str(job.ranks_per_host), "MASTER_ADDR": master,
-                       "MASTER_PORT": str(port), "RIDETHROUGH_JOB": job.name}
+                       "MASTER_PORT": str(port), "RIDETHROUGH_JOB": job.name,
+                       # the host agent's job endpoint: steps and phases reach the store (straggler, goodput)
+                       "RIDETHROUGH_JOB_SOCKET": str(self._lab.host_dir(host) / "job.sock")}
                 log = (self._log_dir / f"{job.name}-rank{rank}.log").open("wb")
                 try:
                     proc = self._lab.exec(host, _argv(job.command), job=True, env=env, stdout=log,

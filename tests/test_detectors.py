@@ -110,7 +110,8 @@ def _reset(c: str) -> list[dict[str, Any]]:
             + series(c, "h1", "ridethrough.nic.carrier_changes", {"network.interface.name": "nic0"},
                      [9] * half + [0] * (N - half))
             + series(c, "h1", "hw.errors", {"gpu.index": "0", "hw.id": "GPU-a", "error.type": "corrected"},
-                     [5000] * half + [0] * (N - half)))
+                     [5000] * half + [0] * (N - half))
+            + [r for rank in range(4) for r in _job_counters(c, rank, 0.010, restart_at=half if rank == 2 else None)])
 
 
 def _gap(c: str) -> list[dict[str, Any]]:
@@ -129,10 +130,24 @@ def _healthy_gpu(c: str) -> list[dict[str, Any]]:
                      {**g, "gpu.clock_event_reason": "HwThermalSlowdown"}, [1] * N))
 
 
+def _job_counters(c: str, rank: int, compute_per_step: float, *, restart_at: int | None = None,
+                  ) -> list[dict[str, Any]]:
+    """A rank's ``job.steps`` and ``job.phase.time{compute}`` counters at one step a second; with
+    ``restart_at`` the rank restarts there (its counters begin again at 0)."""
+    attrs = {"job.id": "j1", "job.rank": str(rank), "job.customer": "acme"}
+    steps = [float(i * STEP_S) for i in range(N)]
+    if restart_at is not None:
+        steps = steps[:restart_at] + [float(i * STEP_S) for i in range(N - restart_at)]
+    return (series(c, f"h{rank}", "ridethrough.job.steps", attrs, steps)
+            + series(c, f"h{rank}", "ridethrough.job.phase.time", {**attrs, "job.phase": "compute"},
+                     [n * compute_per_step for n in steps]))
+
+
 def _healthy_job(c: str) -> list[dict[str, Any]]:
-    return [r for rank in range(4) for r in series(
+    durations = [r for rank in range(4) for r in series(
         c, f"h{rank}", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": str(rank)},
         [1.0 + 0.01 * ((i + rank) % 3) for i in range(N)])]
+    return durations + [r for rank in range(4) for r in _job_counters(c, rank, 0.010 + 0.001 * (rank % 2))]
 
 
 def _healthy(c: str) -> list[dict[str, Any]]:
@@ -150,7 +165,7 @@ def _write(store: Store, c: str, rows: list[dict[str, Any]], *, twice: bool = Fa
         insert(store, schema.SUM, [r for r in rows if r["MetricName"] in _SUMS])
 
 
-_SUMS = {ERR, "ridethrough.nic.carrier_changes", "hw.errors"}
+_SUMS = {ERR, "ridethrough.nic.carrier_changes", "hw.errors", "ridethrough.job.steps", "ridethrough.job.phase.time"}
 _QUIET_CASES: dict[str, Callable[[str], list[dict[str, Any]]]] = {
     "healthy": _healthy,
     "flat_nonzero_errors_and_counter_reset": _reset,
@@ -256,6 +271,17 @@ def test_straggler(store: Store) -> None:
     _write(store, c, _healthy_job(c) + slow, twice=True)
     f = _one(run(store, straggler.Straggler(), c), FindingKind.STRAGGLER, "j1/rank7")
     assert f.entity_type is EntityType.RANK and f.evidence["host"] == "h9"
+
+
+def test_straggler_by_compute_time_in_a_lockstep_job(store: Store) -> None:
+    """Every rank's step takes the same time (they wait for each other); rank 3 computes 4x longer."""
+    c = "straggler-compute"
+    rows = [r for r in _healthy_job(c) if not (r["MetricName"] != "ridethrough.job.step.duration"
+                                                and r["Attributes"]["job.rank"] == "3")]
+    _write(store, c, rows + _job_counters(c, 3, 0.040), twice=True)
+    f = _one(run(store, straggler.Straggler(), c), FindingKind.STRAGGLER, "j1/rank3")
+    assert f.evidence["query"] == "rank_compute_per_step" and f.evidence["host"] == "h3"
+    assert f.evidence["rank_s"] == pytest.approx(0.040) and f.evidence["ranks"] == 4
 
 
 def test_straggler_needs_enough_steps(store: Store) -> None:

@@ -65,11 +65,21 @@ def to_links(findings: Sequence[Finding], fabric: FabricMap | None) -> list[Find
     return list(out.values())
 
 
-class LinkDown:
-    """A port that is down now after being up in the window, or whose ``link_downed`` rose.
+def _went_down(row: dict[str, Any], window: Window, recent_s: float) -> bool:
+    """Down now after being up, or down at a sample within ``recent_s`` that came after an up one
+    (a short outage between two collections' worth of "up" is still an outage)."""
+    if not row["had_up"]:
+        return False
+    up = row["latest"] == row["up_value"]
+    return not up or (row["first_up_ns"] < row["last_down_ns"] >= window.end_ns - recent_s * 1e9)
 
-    Queries: ``ib_port_state`` (latest state per port, and whether it was ACTIVE),
-    ``ib_link_downed`` (increase of the counter), ``nic_up`` (latest ``ridethrough.nic.up``).
+
+class LinkDown:
+    """A port that is down now after being up in the window, went down recently, or whose ``link_downed`` rose.
+
+    Queries: ``ib_port_state`` (state per port over the window), ``ib_link_downed`` (increase of
+    the counter), ``nic_up`` (``ridethrough.nic.up`` over the window). A port back up is still
+    reported for ``recent_s`` after its last down sample, so a one-second outage opens an incident.
     """
 
     name = "link_down"
@@ -79,18 +89,21 @@ class LinkDown:
     }
     """Live-feed triggers (`ridethrough.detectors.live`): run as soon as a port turns down."""
 
-    def __init__(self, *, interval_s: float = 2.0, window_s: float = 60.0, fabric: FabricMap | None = None) -> None:
+    def __init__(self, *, interval_s: float = 2.0, window_s: float = 60.0, recent_s: float = 15.0,
+                 fabric: FabricMap | None = None) -> None:
         self.interval_s = interval_s
         self.window_s = window_s
+        self.recent_s = recent_s
         self.fabric = fabric
 
     def detect(self, window: Window) -> list[Finding]:
-        """Findings for ports down now (state) or that went down in the window (counter)."""
+        """Findings for ports down now or lately (state) or that went down in the window (counter)."""
         found: dict[str, Finding] = {}
         for row in sql.gauge_series(window, "ridethrough.ib.port.state", IB_PORT, up_value=IB_ACTIVE):
-            if row["had_up"] and row["latest"] != IB_ACTIVE:
-                f = self._ib(row, window, "ib_port_state", {"state": row["latest"]},
-                             f"IB port state {row['latest']:g} (was ACTIVE)")
+            if _went_down({**row, "up_value": IB_ACTIVE}, window, self.recent_s):
+                now = f"IB port state {row['latest']:g}" if row["latest"] != IB_ACTIVE else "IB port was down"
+                values = {"state": row["latest"], "last_down_ns": row["last_down_ns"]}
+                f = self._ib(row, window, "ib_port_state", values, f"{now} (was ACTIVE)")
                 found[f.entity] = f
         downed = sql.counter_series(window, "ridethrough.ib.port.errors", IB_PORT,
                                     match={"ib.counter": ["link_downed"]})
@@ -100,10 +113,11 @@ class LinkDown:
                              f"link_downed rose by {row['increase']:g}")
                 found[f.entity] = f
         for row in sql.gauge_series(window, "ridethrough.nic.up", NIC):
-            if row["had_up"] and row["latest"] != 1.0:
+            if _went_down({**row, "up_value": 1.0}, window, self.recent_s):
+                state = "is down" if row["latest"] != 1.0 else "was down"
                 f = _finding(self.name, FindingKind.LINK_DOWN, Severity.CRITICAL, row, "network.interface.name",
-                             f"{_nic_entity(row, 'network.interface.name')} is down (was up)", window,
-                             {"query": "nic_up", "up": row["latest"]})
+                             f"{_nic_entity(row, 'network.interface.name')} {state} (was up)", window,
+                             {"query": "nic_up", "up": row["latest"], "last_down_ns": row["last_down_ns"]})
                 found[f.entity] = f
         return to_links(list(found.values()), self.fabric)
 
@@ -220,7 +234,8 @@ def build(cfg: object) -> list[Detector]:
     fabric = RouteFile(path) if path else None
     return [
         LinkDown(interval_s=getattr(cfg, "link_down_interval_s", 2.0),
-                 window_s=getattr(cfg, "link_down_window_s", 60.0), fabric=fabric),
+                 window_s=getattr(cfg, "link_down_window_s", 60.0),
+                 recent_s=getattr(cfg, "link_down_recent_s", 15.0), fabric=fabric),
         LinkFlap(interval_s=getattr(cfg, "link_flap_interval_s", 5.0),
                  window_s=getattr(cfg, "link_flap_window_s", 300.0),
                  min_transitions=getattr(cfg, "link_flap_min_transitions", 3), fabric=fabric),

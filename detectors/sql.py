@@ -79,14 +79,16 @@ def _rename(rows: list[dict[str, Any]], attrs: Sequence[str]) -> list[dict[str, 
 def gauge_series(window: Window, metric: str, attrs: Sequence[str], *, up_value: float = 1.0,
                  match: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
     """Per gauge series in the window: ``latest`` value, ``last_ns``, ``had_up`` (the value
-    ``up_value`` was seen), ``transitions`` (changes between ``== up_value`` and not), and
-    ``slope_per_s`` (least-squares slope of value over time)."""
+    ``up_value`` was seen), ``first_up_ns`` and ``last_down_ns`` (0 when never), ``transitions``
+    (changes between ``== up_value`` and not), and ``slope_per_s`` (least-squares slope of value over time)."""
     cols, bound = _keys(attrs)
     where, mbound = _match(match or {})
     sql = f"""
         SELECT {NODE} AS node, any({HOST}) AS host_any, {cols},
                argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns,
                countIf(Value = {{up:Float64}}) > 0 AS had_up,
+               minIf({T_NS}, Value = {{up:Float64}}) AS first_up_ns,
+               maxIf({T_NS}, Value != {{up:Float64}}) AS last_down_ns,
                arraySum(arrayMap(d -> abs(d), arrayDifference(
                    arrayMap(p -> toInt8(p.2 = {{up:Float64}}), {_points()})))) AS transitions,
                simpleLinearRegression(({T_NS} - {{start:Int64}}) / 1e9, Value).1 AS slope_per_s

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from ridethrough.config import ConfigError, Loaded, render
+from ridethrough.dashboards.goodput_cli import app as goodput_app
 from ridethrough.lab.cli import lab_app
 from ridethrough.settings import load_component
 
@@ -28,6 +29,7 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(store_app, name="store")
 app.add_typer(config_app, name="config")
 app.add_typer(lab_app, name="lab")
+app.add_typer(goodput_app, name="goodput")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]

@@ -214,6 +214,22 @@ def test_link_down_counter_and_netdev(store: Store) -> None:
     assert found["h1/mlx5_0"].evidence["query"] == "ib_link_downed"
 
 
+def test_link_down_for_one_sample_is_reported_while_recent(store: Store) -> None:
+    c = "down-blip"
+    nic = {"network.interface.name": "nic1"}
+    blip_recent = [1] * (N - 3) + [0, 1, 1]                     # down 10 s before the window's end
+    blip_old = [1] * (N - 10) + [0] + [1] * 9                   # down 45 s before: past recent_s
+    down_at_start = [0] * 5 + [1] * (N - 5)                     # never up before it was down: a port coming up
+    state = {**IB, "ib.link_layer": "InfiniBand"}
+    _write(store, c, series(c, "h1", "ridethrough.nic.up", nic, blip_recent)
+           + series(c, "h2", "ridethrough.nic.up", nic, blip_old)
+           + series(c, "h3", "ridethrough.nic.up", nic, down_at_start)
+           + series(c, "h4", STATE, state, [4] * (N - 2) + [1, 4]))
+    found = {f.entity: f for f in run(store, link.LinkDown(recent_s=15), c)}
+    assert set(found) == {"h1/nic1", "h4/mlx5_0"}
+    assert "was down" in found["h1/nic1"].summary and found["h1/nic1"].evidence["up"] == 1.0
+
+
 def test_link_flap(store: Store) -> None:
     c = "flap"
     _write(store, c, series(c, "h1", STATE, IB, [4, 1] * (N // 2) + [4])

@@ -218,8 +218,8 @@ def _figures(scores: dict[str, Any], soak: list[Opened], hosts: int, soak_s: flo
         "lead_time_s": {k: c.lead_s for k, c in truth.items() if c.lead_s},
         "link_detect_p99_s": None if p99 is None else round(p99, 3),
         "link_detect_target_s": LATENCY_TARGET_S,
-        "classes": {k: c.figures() for k, c in sorted(truth.items())},
-        "incident_kinds": {k: c.figures() for k, c in sorted(kinds.items())},
+        "classes": {k: c.truth_figures() for k, c in sorted(truth.items())},
+        "incident_kinds": {k: c.incident_figures() for k, c in sorted(kinds.items())},
         "quick": quick,
     }
 

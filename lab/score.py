@@ -120,15 +120,21 @@ class ClassScore:
     true_incidents: int = 0
     lead_s: list[float] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
+    false: list[str] = field(default_factory=list)
+    """Entities of the incidents no truth fault explains (for the report)."""
 
-    def figures(self) -> dict[str, object]:
-        """JSON-ready figures (None where there is nothing to divide by)."""
+    def truth_figures(self) -> dict[str, object]:
+        """JSON-ready figures of a truth class (None where there is nothing to divide by)."""
         return {
             "faults": self.faults, "recall": _ratio(self.detected, self.faults),
             "localisation": _ratio(self.localised, self.detected),
-            "incidents": self.incidents, "precision": _ratio(self.true_incidents, self.incidents),
             "lead_time_s": [round(v, 2) for v in self.lead_s], "latency_s": [round(v, 3) for v in self.latency_s],
         }
+
+    def incident_figures(self) -> dict[str, object]:
+        """JSON-ready figures of an incident kind."""
+        return {"incidents": self.incidents, "precision": _ratio(self.true_incidents, self.incidents),
+                "false": self.false}
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -197,7 +203,10 @@ def score(runs: Sequence[Run], incidents: Iterable[Opened], *, grace_s: float = 
         for inc in mine:
             k = by_kind.setdefault(inc.kind, ClassScore())
             k.incidents += 1
-            k.true_incidents += inc.incident_id in explained
+            if inc.incident_id in explained:
+                k.true_incidents += 1
+            else:
+                k.false.append(f"{run.scenario}:{inc.entity}")
     return {"truth": by_truth, "incidents": by_kind}
 
 

@@ -43,7 +43,7 @@ def test_a_nic_at_the_links_end_detects_but_does_not_localise() -> None:
               nic_link=nic_link)
     c = s["truth"]["link_down"]
     assert (c.detected, c.localised) == (1, 0)
-    assert s["incidents"]["link_down"].figures()["precision"] == 1.0
+    assert s["incidents"]["link_down"].incident_figures()["precision"] == 1.0
 
 
 def test_wrong_entity_wrong_kind_and_too_late_are_false_positives_and_misses() -> None:
@@ -53,8 +53,10 @@ def test_wrong_entity_wrong_kind_and_too_late_are_false_positives_and_misses() -
                inc("c", "link_down", "link", "h2-leaf0r1", 55)],  # after end + grace (20 + 30 s)
               grace_s=30)
     assert s["truth"]["link_down"].detected == 0
-    assert s["incidents"]["link_down"].figures()["precision"] == 0.0
+    figures = s["incidents"]["link_down"].incident_figures()
+    assert figures["precision"] == 0.0 and figures["false"] == ["sc:h3-leaf0r0", "sc:h2-leaf0r1"]
     assert s["incidents"]["gpu_failed"].true_incidents == 0
+    assert s["truth"]["link_down"].truth_figures()["recall"] == 0.0
 
 
 def test_incidents_outside_every_run_are_not_counted() -> None:

@@ -4,15 +4,31 @@ Handlers take the raw request bytes (so a malformed message is our error to repo
 not a crash in a deserializer) and answer with the OTLP semantics:
 
 * OK, with ``partial_success`` counting the items rejected as invalid;
+* UNAUTHENTICATED when an `IngestAuth` is given and the call has no valid bearer token
+  (checked before the body is looked at; counted by reason, the token never echoed);
 * INVALID_ARGUMENT for bytes that are not the message they claim to be;
 * RESOURCE_EXHAUSTED for a message over the size limit (enforced by gRPC itself);
 * UNAVAILABLE with a ``RetryInfo`` delay when the gateway is full (backpressure) or
   could neither insert nor spool the rows.
+
+Memory: a request's rows take far more room than its bytes (a bare gauge point is 11 bytes on
+the wire and about 45 times that as a row), so the receiver admits requests by their size:
+while ``max_inflight_bytes`` of requests are being converted or wait for the store, a further
+one is refused with UNAVAILABLE (backpressure, counted) rather than grow the heap. One request
+is always admitted, so a message of the largest accepted size still gets through alone.
+A request whose deadline would pass before its rows are stored is refused the same way before
+they are queued: its sender would give up and retry, and they would be stored twice. It must
+have ``min_time_left_s`` left when it is taken up, and once converted, that plus the recent
+wait for the store (the longest wait lately, halving every `ACK_HALF_LIFE_S`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -23,6 +39,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
+from ridethrough.exporters.ingest_auth import IngestAuth, Principal, Unauthenticated
 from ridethrough.exporters.pipeline import Backpressure, Pipeline
 from ridethrough.exporters.rows import Limits, Rejections, Rows
 from ridethrough.exporters.signals import Signal
@@ -30,6 +47,7 @@ from ridethrough.exporters.signals import Signal
 log = logging.getLogger(__name__)
 
 Handler = Callable[[bytes, grpc.ServicerContext], bytes]
+ACK_HALF_LIFE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +63,20 @@ class OtlpReceiver:
     """The three OTLP Export methods over one `Pipeline`."""
 
     def __init__(self, *, pipeline: Pipeline, limits: Limits, metrics: GatewayMetrics,
-                 ack_timeout_s: float = 30.0) -> None:
+                 ack_timeout_s: float = 30.0, auth: IngestAuth | None = None,
+                 max_inflight_bytes: int = 64 << 20, min_time_left_s: float = 0.25) -> None:
+        """``auth``: check bearer tokens and stamp tenants (None: every caller is accepted as is)."""
         self._pipeline = pipeline
         self._limits = limits
         self._metrics = metrics
         self._ack_timeout_s = ack_timeout_s
+        self._auth = auth
+        self._max_inflight_bytes = max_inflight_bytes
+        self._min_time_left_s = min_time_left_s
+        self._inflight_bytes = 0
+        self._ack_s, self._ack_at = 0.0, time.monotonic()  # the recent wait for the store (a decaying max)
+        self._lock = threading.Lock()
+        self._refusals: collections.Counter[str] = collections.Counter()
 
     def handler(self, signal: Signal) -> Handler:
         """The unary handler for one signal's Export method."""
@@ -66,8 +93,53 @@ class OtlpReceiver:
             return self._fail(signal, context, grpc.StatusCode.INTERNAL, "internal error; see gateway log")
 
     def _export(self, signal: Signal, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        principal = None
+        if self._auth is not None:
+            try:
+                principal = self._auth.authenticate(context.invocation_metadata())
+            except Unauthenticated as exc:
+                return self._unauthenticated(signal, context, exc)
+        if self._too_late(context, 0.0):
+            return self._busy(signal, context)
+        if not self._admit(len(raw)):
+            self._metrics.backpressure.inc()
+            return self._unavailable(signal, context, "gateway is converting too many bytes at once", 1.0)
+        try:
+            return self._convert_and_store(signal, raw, principal, context)
+        finally:
+            with self._lock:
+                self._inflight_bytes -= len(raw)
+
+    def _too_late(self, context: grpc.ServicerContext, wait_s: float) -> bool:
+        left = context.time_remaining()
+        return left is not None and left < self._min_time_left_s + wait_s
+
+    def _recent_ack_s(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        return self._ack_s * math.pow(0.5, (now - self._ack_at) / ACK_HALF_LIFE_S)
+
+    def _note_ack(self, waited_s: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._ack_s, self._ack_at = max(waited_s, self._recent_ack_s(now)), now
+
+    def _busy(self, signal: Signal, context: grpc.ServicerContext) -> bytes:
+        self._metrics.backpressure.inc()
+        return self._unavailable(signal, context, "gateway is busy: too little of the call's deadline is left", 1.0)
+
+    def _admit(self, size: int) -> bool:
+        with self._lock:
+            if self._inflight_bytes and self._inflight_bytes + size > self._max_inflight_bytes:
+                return False
+            self._inflight_bytes += size
+            return True
+
+    def _convert_and_store(self, signal: Signal, raw: bytes, principal: Principal | None,
+                           context: grpc.ServicerContext) -> bytes:
         rows, rej = Rows(), Rejections()
         try:
+            if self._auth is not None:  # the stamped bytes are what is stored and spooled
+                raw = self._auth.stamp(raw, principal, request_type=signal.request_type)
             items = signal.convert(raw, self._limits, rows, rej)
         except DecodeError as exc:
             return self._fail(signal, context, grpc.StatusCode.INVALID_ARGUMENT,
@@ -77,14 +149,28 @@ class OtlpReceiver:
         if rej.count:
             self._metrics.rejected.labels(signal=label).inc(rej.count)
         if rows.total:
+            if self._too_late(context, self._recent_ack_s()):
+                return self._busy(signal, context)
             try:
                 ticket = self._pipeline.submit(signal, raw, rows)
             except Backpressure as exc:
                 return self._unavailable(signal, context, str(exc), exc.retry_after_s)
-            if not ticket.wait(self._ack_timeout_s):
+            queued = time.monotonic()
+            stored = ticket.wait(self._ack_timeout_s)
+            self._note_ack(time.monotonic() - queued)
+            if not stored:
                 return self._unavailable(signal, context, ticket.error or "not stored", 1.0)
         self._metrics.requests.labels(signal=label, code="OK").inc()
         return signal.partial_success(rej.count, rej.message())
+
+    def _unauthenticated(self, signal: Signal, context: grpc.ServicerContext, exc: Unauthenticated) -> bytes:
+        self._metrics.auth_failures.labels(reason=exc.reason).inc()
+        with self._lock:
+            self._refusals[exc.reason] += 1
+            count = self._refusals[exc.reason]
+        if str(count).strip("0") == "1":  # log the 1st, 10th, 100th, ... of each reason: a flood is not a log flood
+            log.warning("refused an unauthenticated %s export from %s: %s", signal.name.lower(), context.peer(), exc)
+        return self._fail(signal, context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
     def _fail(self, signal: Signal, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> bytes:
         self._metrics.requests.labels(signal=signal.name.lower(), code=code.name).inc()
@@ -104,8 +190,12 @@ class OtlpReceiver:
         return self._fail(signal, context, grpc.StatusCode.UNAVAILABLE, message)
 
 
-def build_server(receiver: OtlpReceiver, *, listen: str, options: ServerOptions) -> tuple[grpc.Server, int]:
-    """A started gRPC server serving the OTLP services on ``listen``; returns it and its port."""
+def build_server(receiver: OtlpReceiver, *, listen: str, options: ServerOptions,
+                 credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.Server, int]:
+    """A started gRPC server serving the OTLP services on ``listen``; returns it and its port.
+
+    ``credentials`` (`ingest_auth.server_credentials`) serve TLS or mutual TLS; None serves plaintext.
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="rt-otlp"),
         options=[("grpc.max_receive_message_length", options.max_message_bytes),
@@ -118,7 +208,7 @@ def build_server(receiver: OtlpReceiver, *, listen: str, options: ServerOptions)
             receiver.handler(signal), request_deserializer=None, response_serializer=None)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(signal.service,
                                                                               {"Export": handler}),))
-    port = server.add_insecure_port(listen)
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()

@@ -20,6 +20,8 @@ class GatewayMetrics:
     replayed_batches: Counter
     quarantined_batches: Counter
     backpressure: Counter
+    auth_failures: Counter
+    auth_reload_failures: Counter
     spool_bytes: Gauge
     spool_files: Gauge
     batch_seconds: Histogram
@@ -48,6 +50,12 @@ class GatewayMetrics:
             backpressure=Counter("ridethrough_gateway_backpressure",
                                  "Requests refused with UNAVAILABLE because the gateway was full",
                                  registry=reg),
+            auth_failures=Counter("ridethrough_gateway_auth_failures",
+                                  "Export requests refused as UNAUTHENTICATED, by reason (missing, malformed, unknown)",
+                                  ["reason"], registry=reg),
+            auth_reload_failures=Counter("ridethrough_gateway_auth_reload_failures",
+                                         "Changes of the ingest tokens file that could not be loaded (old tokens kept)",
+                                         registry=reg),
             spool_bytes=Gauge("ridethrough_gateway_spool_bytes", "Bytes waiting in the spool", registry=reg),
             spool_files=Gauge("ridethrough_gateway_spool_files", "Batches waiting in the spool", registry=reg),
             batch_seconds=Histogram("ridethrough_gateway_batch_insert_seconds",

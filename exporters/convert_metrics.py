@@ -22,6 +22,7 @@ from ridethrough.exporters.rows import (
     Rejections,
     Rows,
     attributes,
+    check_time,
     finite,
     hex_id,
 )
@@ -93,7 +94,7 @@ def _append(rows: Rows, table: schema.Table, shared: tuple[Any, ...], per_point:
 def _times(p: _Point) -> tuple[int, int]:
     if not p.time_unix_nano:
         raise InvalidItem("missing time_unix_nano")
-    return p.start_time_unix_nano, p.time_unix_nano
+    return check_time(p.start_time_unix_nano, "start_time_unix_nano"), check_time(p.time_unix_nano, "time_unix_nano")
 
 
 # Nearly every point has no exemplars. One shared tuple of empty tuples (not five new
@@ -108,7 +109,7 @@ def _exemplars(exemplars: Any, limits: Limits) -> tuple[Any, ...]:
     e: list[Exemplar] = list(exemplars)
     return (
         [attributes(x.filtered_attributes, len(x.filtered_attributes), limits) for x in e],
-        [x.time_unix_nano for x in e],
+        [check_time(x.time_unix_nano, "exemplar time_unix_nano") for x in e],
         [finite(x.as_double if x.WhichOneof("value") == "as_double" else float(x.as_int), "exemplar") for x in e],
         [hex_id(x.span_id, 8, "exemplar span_id", required=False) for x in e],
         [hex_id(x.trace_id, 16, "exemplar trace_id", required=False) for x in e],

@@ -23,6 +23,7 @@ from ridethrough.exporters.rows import (
     Rows,
     any_value_str,
     attributes,
+    check_time,
     hex_id,
 )
 
@@ -62,6 +63,7 @@ def _span(s: Span, head: tuple[Any, ...], limits: Limits) -> tuple[Any, ...]:
         raise InvalidItem("missing name")
     if s.end_time_unix_nano < s.start_time_unix_nano or not s.start_time_unix_nano:
         raise InvalidItem("missing start time or end before start")
+    check_time(s.end_time_unix_nano, "end_time_unix_nano")
     events = list(s.events)
     links = list(s.links)
     return (
@@ -71,7 +73,7 @@ def _span(s: Span, head: tuple[Any, ...], limits: Limits) -> tuple[Any, ...]:
         _SPAN_KINDS.get(s.kind, "Unspecified"), service, res, scope_name, scope_version,
         attributes(s.attributes, len(s.attributes), limits), s.end_time_unix_nano - s.start_time_unix_nano,
         _STATUS.get(s.status.code, "Unset"), s.status.message,
-        [e.time_unix_nano for e in events], [e.name for e in events],
+        [check_time(e.time_unix_nano, "event time_unix_nano") for e in events], [e.name for e in events],
         [attributes(e.attributes, len(e.attributes), limits) for e in events],
         [hex_id(x.trace_id, 16, "link trace_id", required=True) for x in links],
         [hex_id(x.span_id, 8, "link span_id", required=True) for x in links],
@@ -104,7 +106,8 @@ def _log(r: LogRecord, head: tuple[Any, ...], limits: Limits) -> tuple[Any, ...]
     if not ts:
         raise InvalidItem("missing time_unix_nano and observed_time_unix_nano")
     return (
-        ts, hex_id(r.trace_id, 16, "trace_id", required=False), hex_id(r.span_id, 8, "span_id", required=False),
+        check_time(ts, "time_unix_nano"), hex_id(r.trace_id, 16, "trace_id", required=False),
+        hex_id(r.span_id, 8, "span_id", required=False),
         r.flags & 0xFF, r.severity_text, r.severity_number, service, any_value_str(r.body), res_url, res,
         scope_url, scope_name, scope_version, scope_attrs, attributes(r.attributes, len(r.attributes), limits),
     )

@@ -30,8 +30,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import Message
@@ -39,6 +38,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.otlp_stamp import stamp_request
+from ridethrough.settings import IngestSecurity as IngestAuthConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,43 +69,6 @@ class Unauthenticated(Exception):
     def __init__(self, reason: AuthFailure) -> None:
         super().__init__(f"missing or invalid bearer token ({reason})")
         self.reason = reason
-
-
-def _help(text: str, **checks: Any) -> dict[str, Any]:
-    return {"help": text, **checks}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IngestAuthConfig:
-    """The gateway's ingest security; the same fields (and names) belong in `GatewayConfig`."""
-
-    tokens_file: str = field(default="", metadata=_help(
-        "File of ingest bearer tokens, TENANT[/CLUSTER]=TOKEN lines (a mounted Secret works); re-read when it "
-        "changes. Empty: none."))
-    tokens_env: str = field(default="RIDETHROUGH_INGEST_TOKENS", metadata=_help(
-        "Environment variable that may hold more tokens, TENANT[/CLUSTER]=TOKEN,...; empty: none."))
-    require_token: bool = field(default=False, metadata=_help(
-        "Refuse OTLP exports without a valid bearer token (UNAUTHENTICATED); off: a request without one is "
-        "accepted unstamped (a wrong token is refused either way)."))
-    tokens_reload_s: float = field(default=1.0, metadata=_help(
-        "How often the tokens file is checked for changes, in seconds.", min=0.01))
-    tls_cert_file: str = field(default="", metadata=_help("OTLP server certificate (PEM); empty: plaintext gRPC."))
-    tls_key_file: str = field(default="", metadata=_help("OTLP server private key (PEM), with tls_cert_file."))
-    tls_client_ca_file: str = field(default="", metadata=_help(
-        "CA bundle (PEM) client certificates must chain to; set: mutual TLS is required."))
-
-    def __post_init__(self) -> None:
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
-        if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
-        if self.tokens_reload_s <= 0:
-            raise ValueError(f"tokens_reload_s must be positive, got {self.tokens_reload_s}")
-
-    @classmethod
-    def of(cls, source: object) -> IngestAuthConfig:
-        """The fields of this model read from ``source`` (a `GatewayConfig` carrying them)."""
-        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True, slots=True)

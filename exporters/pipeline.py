@@ -203,6 +203,8 @@ class Pipeline:
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("store insert failed, spooling batch %s: %s", token, exc)
                 self._store_down = isinstance(exc, StoreUnavailable)
+            except Exception:  # an unexpected client error must not kill the batcher: keep the batch on disk
+                log.exception("store insert raised unexpectedly, spooling batch %s", token)
         return self._spool(token, requests)
 
     def _notify(self, rows: Rows) -> None:
@@ -266,7 +268,12 @@ class Pipeline:
     def _replay_loop(self) -> None:
         backoff = self.policy.replay_initial_backoff_s
         while not self._stopping:
-            if self.replay_once():
+            try:
+                replayed = self.replay_once()
+            except Exception:  # a full disk or a bug: the replayer must outlive it and try again later
+                log.exception("spool replay failed; retrying after a pause")
+                replayed = False
+            if replayed:
                 backoff = self.policy.replay_initial_backoff_s
                 self._replay_wake.wait(timeout=5.0)
             else:

@@ -97,6 +97,18 @@ class InvalidItem(Exception):
     """One point, span or record is invalid; the message is the reason."""
 
 
+MAX_TIME_NS = 2**63 - 1
+"""The last nanosecond a DateTime64(9) column holds (2262-04-11); OTLP's uint64 times go further."""
+
+
+def check_time(ns: int, what: str) -> int:
+    """``ns`` if a DateTime64(9) column can hold it, else `InvalidItem`: one far-future item must be
+    refused alone, not make the store refuse the whole batch it rides in."""
+    if ns > MAX_TIME_NS:
+        raise InvalidItem(f"{what} {ns} is past 2262-04-11 (beyond DateTime64(9))")
+    return ns
+
+
 def any_value_str(value: AnyValue) -> str:
     """An AnyValue as the upstream Collector stores it in a String column."""
     which = value.WhichOneof("value")

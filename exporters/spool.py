@@ -123,7 +123,8 @@ class Spool:
 
     def pending(self) -> list[Path]:
         """Spool files, oldest first."""
-        return sorted(self.dir.glob(f"*{_SUFFIX}"))
+        # A ".tmp-" file is a write in progress (or one that died): never a batch to replay.
+        return sorted(p for p in self.dir.glob(f"*{_SUFFIX}") if not p.name.startswith(".tmp-"))
 
     def load(self, path: Path) -> SpooledBatch:
         """Read one batch; a damaged file is quarantined and `SpoolCorrupt` raised."""
@@ -143,7 +144,10 @@ class Spool:
         target = self.dir / "quarantine" / path.name
         log.error("spool: quarantining %s: %s", path.name, reason)
         self._forget(path, lambda: os.replace(path, target))
-        (self.dir / "quarantine" / (path.name + ".reason")).write_text(reason + "\n")
+        try:
+            (self.dir / "quarantine" / (path.name + ".reason")).write_text(reason + "\n")
+        except OSError as exc:  # a full disk must not stop replay: the batch is aside, the log has the reason
+            log.error("spool: could not write the reason beside %s: %s", path.name, exc)
 
     def _forget(self, path: Path, action: Callable[[], object]) -> None:
         size = path.stat().st_size if path.exists() else 0
@@ -157,13 +161,17 @@ def _write_durably(directory: Path, final: Path, data: bytes) -> None:
     tmp = directory / f".tmp-{final.name}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a disk that filled up mid-write keeps no half batch
+        raise
     _fsync_dir(directory)
 
 

@@ -8,6 +8,7 @@ above this module sees one `Store` and never asks which.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -104,7 +105,8 @@ class Store:
             if self.embedded:
                 return clickhouse_connect.get_client(dsn=self._dsn)
             return clickhouse_connect.get_client(
-                dsn=self._dsn, connect_timeout=self._timeout_s, send_receive_timeout=self._timeout_s,
+                # clickhouse-connect takes whole seconds for the connect timeout (a fraction raises)
+                dsn=self._dsn, connect_timeout=max(1, math.ceil(self._timeout_s)), send_receive_timeout=self._timeout_s,
                 autogenerate_session_id=False,
             )
         except OperationalError as exc:

@@ -7,6 +7,7 @@ program at start with one precise line.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ridethrough.certs import certs_command
 from ridethrough.config import ConfigError, Loaded, render
 from ridethrough.dashboards.goodput_cli import app as goodput_app
 from ridethrough.lab.cli import lab_app
@@ -30,6 +32,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(config_app, name="config")
 app.add_typer(lab_app, name="lab")
 app.add_typer(goodput_app, name="goodput")
+app.command("certs")(certs_command)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]
@@ -81,7 +84,11 @@ def gateway(
     cfg = _load("gateway", config, otlp_listen=otlp_listen, store=store, spool=spool,
                 metrics_listen=metrics_listen, ready_file=ready_file)
     runtime = wiring.GatewayRuntime(cfg=cfg, store=wiring.open_store(cfg))
-    addresses = runtime.start()
+    try:
+        addresses = runtime.start()
+    except ValueError as exc:  # tokens file or TLS files unusable
+        typer.echo(f"ridethrough: config error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     wiring.tune_gc_for_ingest()
     if cfg.ready_file:
         wiring.write_ready_file(cfg.ready_file, addresses)
@@ -92,6 +99,7 @@ def gateway(
         if new.store != runtime.cfg.store:
             logging.getLogger("ridethrough").info("SIGHUP: switching store")
             runtime.swap_store(wiring.open_store(new))
+            runtime.cfg = dataclasses.replace(runtime.cfg, store=new.store)  # so switching back is a change too
 
     try:
         _wait_for_signal(duration, on_hup=reload)
@@ -122,11 +130,20 @@ def server(
                  metrics_listen=metrics_listen, ready_file=ready_file)
     scfg = _load("server", config, store_http_listen=store_http_listen, clock_listen=clock_listen)
     ccfg = _load("controller", config)
-    with wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg, controller_cfg=ccfg,
-                              actuator_cfg=_load("actuators", config), pager_cfg=_load("pagerduty", config)) as runtime:
+    runtime = wiring.ServerRuntime(gateway_cfg=gcfg, server_cfg=scfg, controller_cfg=ccfg,
+                                   actuator_cfg=_load("actuators", config), pager_cfg=_load("pagerduty", config))
+    try:
+        runtime.start()
+    except ValueError as exc:  # ingest tokens, TLS files, fabric map, PagerDuty keys or a plugin unusable
+        runtime.stop()
+        typer.echo(f"ridethrough: config error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
         wiring.tune_gc_for_ingest()
         typer.echo(f"server: {runtime.addresses}", err=True)
         _wait_for_signal(duration)
+    finally:
+        runtime.stop()
 
 
 @app.command()

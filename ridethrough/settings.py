@@ -57,7 +57,38 @@ def _help(text: str, **checks: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GatewayConfig:
+class IngestSecurity:
+    """Who may send telemetry to a gateway: bearer tokens (tenant stamped from the token) and TLS.
+
+    `GatewayConfig` carries these fields; `ridethrough.exporters.ingest_auth` enforces them.
+    """
+
+    tokens_file: str = field(default="", metadata=_help(
+        "File of ingest bearer tokens, TENANT[/CLUSTER]=TOKEN lines (a mounted Secret works); re-read when it "
+        "changes. Empty: none."))
+    tokens_env: str = field(default="RIDETHROUGH_INGEST_TOKENS", metadata=_help(
+        "Environment variable that may hold more tokens, TENANT[/CLUSTER]=TOKEN,...; empty: none."))
+    require_token: bool = field(default=False, metadata=_help(
+        "Refuse OTLP exports without a valid bearer token (UNAUTHENTICATED); off: a request without one is "
+        "accepted unstamped (a wrong token is refused either way)."))
+    tokens_reload_s: float = field(default=1.0, metadata=_help(
+        "How often the tokens file is checked for changes, in seconds.", min=0.01))
+    tls_cert_file: str = field(default="", metadata=_help("OTLP server certificate (PEM); empty: plaintext gRPC."))
+    tls_key_file: str = field(default="", metadata=_help("OTLP server private key (PEM), with tls_cert_file."))
+    tls_client_ca_file: str = field(default="", metadata=_help(
+        "CA bundle (PEM) client certificates must chain to; set: mutual TLS is required."))
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
+        if self.tokens_reload_s <= 0:
+            raise ValueError(f"tokens_reload_s must be positive, got {self.tokens_reload_s}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayConfig(IngestSecurity):
     """The OTLP gateway: receives telemetry, batches it into the store, spools when the store is away."""
 
     otlp_listen: str = field(default="127.0.0.1:4317", metadata=_help(
@@ -94,6 +125,7 @@ class GatewayConfig:
     workers: int = field(default=16, metadata=_help("gRPC handler threads.", min=1))
 
     def __post_init__(self) -> None:
+        IngestSecurity.__post_init__(self)  # (zero-argument super() breaks in slotted dataclasses)
         if self.replay_initial_backoff_s > self.replay_max_backoff_s:
             raise ValueError(
                 f"replay_initial_backoff_s ({self.replay_initial_backoff_s}) must not exceed "

@@ -33,6 +33,7 @@ from ridethrough.exporters.clock_http import ClockEndpoint
 from ridethrough.exporters.clock_service import ClockService
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
+from ridethrough.exporters.ingest_auth import IngestAuth, server_credentials
 from ridethrough.exporters.pagerduty_config import PagerDutyConfig
 from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
 from ridethrough.exporters.rows import Limits, Rows
@@ -94,7 +95,12 @@ class GatewayRuntime:
     _http: Any = None
 
     def start(self) -> dict[str, str]:
-        """Initialise the schema (if the store is there), replay the spool, then serve."""
+        """Initialise the schema (if the store is there), replay the spool, then serve.
+
+        Raises `IngestAuthError` (a ValueError) for an unusable tokens file or TLS setting, before anything starts.
+        """
+        auth = IngestAuth.from_config(self.cfg, environ=os.environ, metrics=self.metrics)
+        credentials = server_credentials(self.cfg)
         self._init_schema()
         limits = Limits(max_attributes=self.cfg.max_attributes,
                         max_attribute_value_bytes=self.cfg.max_attribute_value_bytes)
@@ -110,10 +116,11 @@ class GatewayRuntime:
             self._pipeline.replay_once()
         self._pipeline.start()
         receiver = OtlpReceiver(pipeline=self._pipeline, limits=limits, metrics=self.metrics,
-                                ack_timeout_s=self.cfg.store_timeout_s * 3)
+                                ack_timeout_s=self.cfg.store_timeout_s * 3, auth=auth)
         host, _ = parse_hostport(self.cfg.otlp_listen)
         options = ServerOptions(max_message_bytes=self.cfg.max_message_bytes, workers=self.cfg.workers)
-        self._server, port = build_server(receiver, listen=self.cfg.otlp_listen, options=options)
+        self._server, port = build_server(receiver, listen=self.cfg.otlp_listen, options=options,
+                                          credentials=credentials)
         self.addresses["otlp"] = _address(host, port)
         self._start_metrics_http()
         log.info("gateway serving OTLP on %s, store %s", self.addresses["otlp"], self.store.dsn)

@@ -199,8 +199,6 @@ def test_sigkill_mid_stream_then_restart_loses_and_duplicates_nothing(spawn, tmp
     assert_exactly_once(stream, gw.books("killed"))
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: ridethrough/cli.py's SIGHUP reload compares the new store DSN "
-                   "with the one at start, so switching back to it is ignored and the spool never replays")
 def test_store_unreachable_for_60_s_spools_then_replays_exactly_once(spawn, tmp_path: Path) -> None:
     store = f"chdb://{tmp_path / 'store'}"
     gw = Gateway(spawn, tmp_path, store, tmp_path / "spool")
@@ -234,16 +232,9 @@ def small_disk(tmp_path: Path) -> Iterator[tuple[Path, bool]]:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-_SPOOL_BUGS = ("known bugs in exporters/spool.py and pipeline.py: a write that fails (ENOSPC) leaves its .tmp- file; "
-               "pending() lists .tmp- files, so the replayer quarantines writes in progress; on a full disk "
-               "quarantine() raises and the replayer thread dies, so the spool never replays")
-
-
 def test_a_full_spool_disk_means_backpressure_then_recovery_with_nothing_lost(
-        spawn, tmp_path: Path, small_disk: tuple[Path, bool], request: pytest.FixtureRequest) -> None:
+        spawn, tmp_path: Path, small_disk: tuple[Path, bool]) -> None:
     spool, mounted = small_disk
-    # Deterministic on a full disk; on the byte cap only the .tmp- race remains, which may not strike.
-    request.applymarker(pytest.mark.xfail(strict=mounted, reason=_SPOOL_BUGS))
     # On the tmpfs the disk fills first (ENOSPC); on a plain folder, the spool's byte cap does.
     cap = (1 << 30) if mounted else 256 << 10
     store = f"chdb://{tmp_path / 'store'}"

@@ -13,14 +13,17 @@ on both. Two deliberate differences, neither visible to a reader of the tables:
   ``DateTime`` there for a while; probe data needs sub-second resolution everywhere).
 
 With a cluster name, every table is created ``ON CLUSTER`` as ``<name>_local`` with a
-Replicated engine, and a Distributed table ``<name>`` over it, sharded so a host's series
-stay together.
+Replicated engine and the table's time to live (`RETENTION`), and a Distributed table
+``<name>`` over it, sharded so a host's series stay together. The embedded store keeps
+everything: lab scenarios and calibrations replay old timestamps that a TTL would drop.
+The 1-minute rollups that dashboards and slow detectors read are in `schema_cluster`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 _Z = "CODEC(ZSTD(1))"
 _DZ = "CODEC(Delta, ZSTD(1))"
@@ -259,12 +262,53 @@ TABLES: tuple[Table, ...] = (GAUGE, SUM, HISTOGRAM, EXP_HISTOGRAM, SUMMARY, TRAC
 TABLES_BY_NAME = {t.name: t for t in TABLES}
 
 
-def _quote(name: str) -> str:
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long a table keeps a row: ``days`` after its ``time`` column; rows matching
+    ``keep_longer`` (a boolean SQL expression over the row) stay ``longer_days`` instead."""
+
+    time: str
+    days: int
+    keep_longer: str = ""
+    longer_days: int = 0
+
+    def ttl(self) -> str:
+        """The TTL clause's expression list."""
+        at = f"toDateTime({self.time})"
+        if not self.keep_longer:
+            return f"{at} + INTERVAL {self.days} DAY"
+        return (f"{at} + INTERVAL {self.days} DAY DELETE WHERE NOT ({self.keep_longer}), "
+                f"{at} + INTERVAL {self.longer_days} DAY")
+
+
+_YEARS_5 = 5 * 365 + 1
+RETENTION: Mapping[str, Retention] = MappingProxyType({
+    # Raw points: days. Detectors read minutes to hours of them; longer views read the rollups.
+    **{t: Retention("TimeUnix", 14) for t in ("otel_metrics_gauge", "otel_metrics_sum", "otel_metrics_histogram",
+                                              "otel_metrics_exponential_histogram", "otel_metrics_summary")},
+    # 1-minute aggregates (schema_cluster): months, long enough to compare this quarter with last year's.
+    **{t: Retention("Minute", 400) for t in ("otel_metrics_gauge_1m", "otel_metrics_sum_1m")},
+    "otel_traces": Retention("Timestamp", 90),
+    "otel_traces_trace_id_ts": Retention("Start", 90),
+    # Job lifecycle events are goodput's input (ridethrough.dashboards.goodput_sql): years, like the books.
+    "otel_logs": Retention("TimestampTime", 90, "startsWith(LogAttributes['event.name'], 'job.')", 2 * 365),
+    # The domain tables beside the OTel ones (detectors.incidents, actuators.actions, lab.truth): years.
+    "incidents": Retention("OpenedAt", _YEARS_5),
+    "actions": Retention("DecidedAt", _YEARS_5),
+    "lab_truth": Retention("RunStartedAt", _YEARS_5),
+    "audits": Retention("StartedAt", _YEARS_5),  # ridethrough.audit_store: fleet acceptance records
+})
+"""Every clustered table's time to live, by table name, in one place (a table missing here cannot be
+created on a cluster: `create_table_sql` says so)."""
+
+
+def quote(name: str) -> str:
+    """``name`` as a ClickHouse identifier in backquotes (a backquote inside is doubled)."""
     return "`" + name.replace("`", "``") + "`"
 
 
 def _on_cluster(cluster: str) -> str:
-    return f" ON CLUSTER {_quote(cluster)}" if cluster else ""
+    return f" ON CLUSTER {quote(cluster)}" if cluster else ""
 
 
 def _engine(table: Table, local_name: str, cluster: str) -> str:
@@ -286,21 +330,32 @@ def _settings(cluster: str) -> str:
 
 
 def create_table_sql(table: Table, *, cluster: str = "") -> str:
-    """The CREATE TABLE statement for one table (the ``_local`` one when clustered)."""
+    """The CREATE TABLE statement for one table (the ``_local`` one, with its TTL, when clustered)."""
     name = f"{table.name}_local" if cluster else table.name
     body = [f"    {c.name} {c.type} {c.extra}".rstrip() for c in table.columns if "." not in c.name]
     body += _nested_definitions(table)
     body += [f"    {ix}" for ix in table.indexes]
     lines = [
-        f"CREATE TABLE IF NOT EXISTS {_quote(name)}{_on_cluster(cluster)} (",
+        f"CREATE TABLE IF NOT EXISTS {quote(name)}{_on_cluster(cluster)} (",
         ",\n".join(body),
         f") ENGINE = {_engine(table, name, cluster)}",
         f"PARTITION BY {table.partition_by}",
     ]
     if table.primary_key:
         lines.append(f"PRIMARY KEY {table.primary_key}")
-    lines += [f"ORDER BY {table.order_by}", f"SETTINGS {_settings(cluster)}"]
+    lines.append(f"ORDER BY {table.order_by}")
+    if cluster:
+        lines.append(f"TTL {_retention(table).ttl()}")
+    lines.append(f"SETTINGS {_settings(cluster)}")
     return "\n".join(lines)
+
+
+def _retention(table: Table) -> Retention:
+    try:
+        return RETENTION[table.name]
+    except KeyError:
+        # A fleet's store must not grow without bound: a new table states its retention here.
+        raise ValueError(f"table {table.name!r} has no entry in schema.RETENTION") from None
 
 
 def _nested_definitions(table: Table) -> list[str]:
@@ -316,9 +371,9 @@ def _nested_definitions(table: Table) -> list[str]:
 def create_distributed_sql(table: Table, *, cluster: str) -> str:
     """The Distributed table that fronts ``<name>_local`` on every shard."""
     return (
-        f"CREATE TABLE IF NOT EXISTS {_quote(table.name)}{_on_cluster(cluster)} "
-        f"AS {_quote(table.name + '_local')} "
-        f"ENGINE = Distributed({_quote(cluster)}, currentDatabase(), {_quote(table.name + '_local')}, "
+        f"CREATE TABLE IF NOT EXISTS {quote(table.name)}{_on_cluster(cluster)} "
+        f"AS {quote(table.name + '_local')} "
+        f"ENGINE = Distributed({quote(cluster)}, currentDatabase(), {quote(table.name + '_local')}, "
         f"{table.shard_key})"
     )
 
@@ -327,10 +382,10 @@ def trace_id_ts_view_sql(*, cluster: str = "") -> str:
     """The materialized view that keeps each trace's time span for fast lookup by TraceId."""
     suffix = "_local" if cluster else ""
     return (
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {_quote('otel_traces_trace_id_ts_mv' + suffix)}"
-        f"{_on_cluster(cluster)} TO {_quote('otel_traces_trace_id_ts' + suffix)} AS SELECT "
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {quote('otel_traces_trace_id_ts_mv' + suffix)}"
+        f"{_on_cluster(cluster)} TO {quote('otel_traces_trace_id_ts' + suffix)} AS SELECT "
         "TraceId, min(Timestamp) AS Start, max(Timestamp) AS End "
-        f"FROM {_quote('otel_traces' + suffix)} WHERE TraceId != '' GROUP BY TraceId"
+        f"FROM {quote('otel_traces' + suffix)} WHERE TraceId != '' GROUP BY TraceId"
     )
 
 

@@ -19,7 +19,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 
-from ridethrough.exporters import schema
+from ridethrough.exporters import schema, schema_cluster
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,14 @@ class Store:
 
     def init_schema(self) -> int:
         """Create every table and view if missing; returns the number of statements run."""
-        count = 0
-        for statement in schema.ddl(cluster=self.cluster):
+        statements = list(schema.ddl(cluster=self.cluster))
+        if self.cluster:
+            # 1-minute rollups for dashboards and slow detectors at fleet scale; an embedded or single
+            # server store skips them, since their views make every insert about 2.5x the work
+            statements += schema_cluster.rollup_ddl(cluster=self.cluster)
+        for statement in statements:
             self.command(statement)
-            count += 1
-        return count
+        return len(statements)
 
     def command(self, sql: str) -> Any:
         """Run one statement that returns no rows (DDL)."""

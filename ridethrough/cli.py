@@ -257,13 +257,14 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
     from ridethrough import wiring
     from ridethrough.actuators.actions import actions_ddl, ensure_actions_table
     from ridethrough.detectors.incidents import ensure_incidents_table, incidents_ddl
-    from ridethrough.exporters import schema
+    from ridethrough.exporters import schema, schema_cluster
     from ridethrough.exporters.store import StoreError, StoreUnavailable
     from ridethrough.lab.truth import ensure_truth_table, truth_ddl
 
     cfg = _load("gateway", config, store=store, cluster=cluster)
     if print_sql:
-        statements = [*schema.ddl(cluster=cfg.cluster), *truth_ddl(cluster=cfg.cluster),
+        rollups = schema_cluster.rollup_ddl(cluster=cfg.cluster) if cfg.cluster else ()
+        statements = [*schema.ddl(cluster=cfg.cluster), *rollups, *truth_ddl(cluster=cfg.cluster),
                       *incidents_ddl(cluster=cfg.cluster), *actions_ddl(cluster=cfg.cluster)]
         typer.echo(";\n\n".join(statements) + ";")
         return

@@ -1,8 +1,18 @@
-"""Schema DDL: the upstream exporter's names and types, single node and clustered."""
+"""Schema DDL: the upstream exporter's names and types, single node and clustered; the rollups on one node."""
 
 from __future__ import annotations
 
-from ridethrough.exporters import schema
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from ridethrough.exporters import schema, schema_cluster
+from ridethrough.exporters.convert_metrics import convert_metrics
+from ridethrough.exporters.rows import Limits, Rejections, Rows
+from ridethrough.exporters.store import Store
+from tests.otlp_util import gauge_request
 
 
 def test_tables_carry_the_upstream_names_and_nanosecond_times() -> None:
@@ -44,3 +54,66 @@ def test_cluster_ddl_is_replicated_local_tables_behind_distributed_ones() -> Non
 def test_hostile_cluster_name_is_quoted() -> None:
     sql = schema.create_table_sql(schema.GAUGE, cluster="a`; DROP TABLE x; --")
     assert "ON CLUSTER `a``; DROP TABLE x; --`" in sql
+
+
+def test_single_node_tables_keep_everything_and_deduplicate_replays() -> None:
+    for statement in schema.ddl():
+        assert "ON CLUSTER" not in statement and "\nTTL " not in statement and "Replicated" not in statement
+    for statement in schema_cluster.rollup_ddl():
+        if statement.startswith("CREATE TABLE"):
+            assert "ENGINE = AggregatingMergeTree" in statement and "non_replicated_deduplication_window" in statement
+
+
+def test_rollup_ddl_on_one_node_is_tables_then_views() -> None:
+    statements = list(schema_cluster.rollup_ddl())
+    assert [s.split("`")[1] for s in statements] == [
+        "otel_metrics_gauge_1m", "otel_metrics_gauge_1m_mv", "otel_metrics_sum_1m", "otel_metrics_sum_1m_mv"]
+    assert "FROM `otel_metrics_gauge` WHERE startsWith(MetricName, 'ridethrough.probe.')" in statements[1]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"chdb://{tmp_path / 'store'}")
+    s.init_schema()
+    for statement in schema_cluster.rollup_ddl():
+        s.command(statement)
+    yield s
+    s.close()
+
+
+def _insert(store: Store, req: ExportMetricsServiceRequest, token: str) -> None:
+    rows, rej = Rows(), Rejections()
+    convert_metrics(req, Limits(), rows, rej)
+    for name in rows.columns:
+        table = schema.TABLES_BY_NAME[name]
+        store.insert_columns(table, rows.ordered(table), token=f"{token}:{name}")
+
+
+def test_rollups_fill_from_gateway_inserts_and_a_replayed_batch_counts_once(store: Store) -> None:
+    probe = gauge_request(3, name="ridethrough.probe.rtt", values=[0.001, 0.003, 0.002])
+    other = gauge_request(2, name="hw.temperature", values=[40.0, 41.0])
+    _insert(store, probe, "batch-1")
+    _insert(store, probe, "batch-1")  # the spool replays a batch ClickHouse already has
+    _insert(store, other, "batch-2")
+    _, raw = store.query("SELECT count() FROM otel_metrics_gauge")
+    assert raw == [(5,)]
+    _, rows = store.query("SELECT MetricName, HostName, sum(Count), min(Min), max(Max), sum(Sum) "
+                          "FROM otel_metrics_gauge_1m GROUP BY MetricName, HostName")
+    assert len(rows) == 1  # only the probe source's gauges are rolled up
+    name, host, count, lo, hi, total = rows[0]
+    assert (name, host, count, lo, hi) == ("ridethrough.probe.rtt", "test-host", 3, 0.001, 0.003)
+    assert total == pytest.approx(0.006)
+
+
+def test_counter_rollup_keeps_first_and_last_of_each_minute(store: Store) -> None:
+    req = gauge_request(0)
+    metric = req.resource_metrics[0].scope_metrics[0].metrics.add(name="ridethrough.probe.sent", unit="{probe}")
+    metric.sum.is_monotonic = True
+    metric.sum.aggregation_temporality = 2  # cumulative
+    minute_ns = 1_767_225_600 * 10**9  # 2026-01-01 00:00:00 UTC
+    for offset_s, value in ((50, 7.0), (10, 5.0), (30, 6.0), (70, 9.0)):
+        metric.sum.data_points.add(time_unix_nano=minute_ns + offset_s * 10**9, as_double=value)
+    _insert(store, req, "counters")
+    _, rows = store.query("SELECT toUnixTimestamp(Minute), argMinMerge(First), argMaxMerge(Last), sum(Count) "
+                          "FROM otel_metrics_sum_1m GROUP BY Minute ORDER BY Minute")
+    assert [tuple(r) for r in rows] == [(1_767_225_600, 5.0, 7.0, 3), (1_767_225_660, 9.0, 9.0, 1)]

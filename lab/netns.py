@@ -224,7 +224,7 @@ class NsHandle:
     def clear_qdisc(self, ifname: str) -> None:
         """Remove the root qdisc the lab put on an interface (none there is fine)."""
         try:
-            self.ipr.tc("del", index=self.index(ifname), handle="1:")
+            self.ipr.tc("del", index=self.index(ifname), root=True)
         except NetlinkError as exc:
             if exc.code not in (errno.ENOENT, errno.EINVAL):
                 raise

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ridethrough.audit_cli import audit as audit_command
 from ridethrough.certs import certs_command
 from ridethrough.config import ConfigError, Loaded, render
 from ridethrough.dashboards.goodput_cli import app as goodput_app
@@ -33,6 +34,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(lab_app, name="lab")
 app.add_typer(goodput_app, name="goodput")
 app.command("certs")(certs_command)
+app.command("audit")(audit_command)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]

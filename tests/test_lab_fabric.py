@@ -203,6 +203,7 @@ def test_degrade_caps_throughput_on_the_link(lab: Lab) -> None:
             capped = mbit_per_s()
         finally:
             lab.restore_link(link.name)
+    assert "tbf" not in [q.get_attr("TCA_KIND") for q in lab.handle("h2").qdiscs()]  # restored for real
     assert free > 100, free
     assert 8 < capped < 22, capped
 

@@ -45,8 +45,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from ridethrough.collector.export import BufferingMetricExporter
-from ridethrough.collector.otlp_encode import CachingOTLPMetricExporter
+from ridethrough.collector.export import BufferingMetricExporter, OTLPBytesExporter
+from ridethrough.collector.otlp_encode import EncodedMetrics, SampleEncoder
 from ridethrough.collector.prometheus import MetricsEndpoint, SnapshotCollector
 from ridethrough.collector.sample import BackgroundSource, Event, MetricKind, Sample, Source
 
@@ -119,10 +119,7 @@ class Snapshot:
             held = len(samples)
             if held > room:  # rare: only then is it worth hashing every attribute set
                 samples, held = self._admit(source, samples, room)
-            by_name: dict[str, list[Sample]] = {}
-            for s in samples:
-                by_name.setdefault(s.name, []).append(s)
-            self._by_source[source] = by_name
+            self._by_source[source] = _by_name(samples)
             self._held[source] = held
 
     def _admit(self, source: str, samples: list[Sample], room: int) -> tuple[list[Sample], int]:
@@ -148,6 +145,28 @@ class Snapshot:
         with self._lock:
             return [s for by_name in self._by_source.values() for v in by_name.values() for s in v]
 
+    def by_name(self) -> dict[str, list[Sample]]:
+        """Every current sample by metric name: names in the order `samples` meets them, samples in that order."""
+        merged: dict[str, list[Sample]] = {}
+        with self._lock:
+            for by_name in self._by_source.values():
+                for name, group in by_name.items():
+                    held = merged.get(name)
+                    # the source's own list is shared, never changed: `replace` swaps in new lists
+                    merged[name] = group if held is None else held + group
+        return merged
+
+
+def _by_name(samples: list[Sample]) -> dict[str, list[Sample]]:
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        group = groups.get(sample.name)
+        if group is None:
+            groups[sample.name] = [sample]
+        else:
+            group.append(sample)
+    return groups
+
 
 class Agent:
     """Sources → snapshot → OTLP/gRPC → gateway (and, if asked, Prometheus ``/metrics``).
@@ -170,6 +189,7 @@ class Agent:
         self._export_timeout_s = export_timeout_s
         self._stop = threading.Event()
         self.source_errors: dict[str, int] = {s.name: 0 for s in self._sources}
+        self._source_attributes: dict[str, dict[str, str]] = {}
         self.collections = 0
         self.exports = 0
         self.addresses: dict[str, str] = {}
@@ -180,9 +200,9 @@ class Agent:
         self._prometheus = MetricsEndpoint(listen=prometheus_listen, collector=SnapshotCollector(
             read=self.samples, resource=self._resource.attributes, scope=SCOPE,
             descriptions=self._descriptions)) if prometheus_listen else None
-        self.exporter = BufferingMetricExporter(
-            CachingOTLPMetricExporter(endpoint=gateway, insecure=True, timeout_s=export_timeout_s),
-            max_batches=buffer_max_batches)
+        self._encoder = SampleEncoder(resource=self._resource, scope=SCOPE, descriptions=self._descriptions)
+        self.exporter = BufferingMetricExporter(OTLPBytesExporter(endpoint=gateway, timeout_s=export_timeout_s),
+                                                max_batches=buffer_max_batches)
         self._logs = LoggerProvider(resource=self._resource)
         self._logs.add_log_record_processor(BatchLogRecordProcessor(
             OTLPLogExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s)))
@@ -228,8 +248,17 @@ class Agent:
         return [Sample(name, value, kind, unit, attrs)
                 for name, kind, unit in SELF_METRICS for value, attrs in readings[name]()]
 
+    def encoded(self, now_ns: int | None = None) -> EncodedMetrics:
+        """`samples` as the serialised OTLP request `export` sends: `metrics_data`, encoded."""
+        now = time.time_ns() if now_ns is None else now_ns
+        groups = self._snapshot.by_name()
+        for name, samples in _by_name(self.self_samples()).items():
+            groups[name] = groups[name] + samples if name in groups else samples
+        return self._encoder.encode(groups.items(), start_ns=self._start_ns, now_ns=now)
+
     def metrics_data(self, now_ns: int | None = None) -> MetricsData:
-        """`samples` as one OTLP batch: counters as cumulative monotonic sums, the rest as gauges."""
+        """`samples` as one OTLP batch in the SDK's data model: counters as cumulative monotonic sums, the rest
+        as gauges (what `encoded` writes directly)."""
         now = time.time_ns() if now_ns is None else now_ns
         by_name: dict[str, list[Sample]] = {}
         for sample in self.samples():
@@ -250,7 +279,7 @@ class Agent:
     def export(self) -> bool:
         """Export the current snapshot once (buffered while the gateway is away); never raises."""
         try:
-            result = self.exporter.export(self.metrics_data(), timeout_millis=self._export_timeout_s * 1000)
+            result = self.exporter.export(self.encoded(), timeout_millis=self._export_timeout_s * 1000)
         except Exception:  # telemetry never takes down its host: log, and try again next interval
             log.exception("metric export failed")
             return False
@@ -291,13 +320,21 @@ class Agent:
                            severity=SeverityNumber.WARN, attributes={"source": source.name})
 
     def _self_readings(self) -> dict[str, Callable[[], Reading]]:
+        on = self._on_source
         return {
-            "ridethrough.agent.source.errors": lambda: [(n, {"source": s}) for s, n in self.source_errors.items()],
+            "ridethrough.agent.source.errors": lambda: [(n, on(s)) for s, n in self.source_errors.items()],
             "ridethrough.agent.export.dropped": lambda: [(self.exporter.dropped_points, {})],
             "ridethrough.agent.export.buffered": lambda: [(self.exporter.buffered_batches, {})],
-            "ridethrough.agent.series.dropped": lambda: [(self._snapshot.dropped.get(s.name, 0), {"source": s.name})
+            "ridethrough.agent.series.dropped": lambda: [(self._snapshot.dropped.get(s.name, 0), on(s.name))
                                                          for s in self._sources],
         }
+
+    def _on_source(self, source: str) -> dict[str, str]:
+        """``{"source": source}``, one dict per source for every reading (samples share attribute dicts)."""
+        found = self._source_attributes.get(source)
+        if found is None:
+            found = self._source_attributes[source] = {"source": source}
+        return found
 
     def _run(self) -> None:
         intervals = {s.name: max(0.01, s.interval_s) for s in self._sources}

@@ -27,14 +27,11 @@ Pure code: no I/O, no clock.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 """A series' identity: its metric name and its attributes, order-free."""
-
-_UNSIGNED = re.compile(r"[0-9]+")
 
 
 def parse_counter(text: str) -> int:
@@ -48,7 +45,9 @@ def parse_counter(text: str) -> int:
             file, garbage, a negative number).
     """
     stripped = text.strip()
-    if not _UNSIGNED.fullmatch(stripped):
+    # ASCII and all digits is exactly [0-9]+ (str.isdigit alone also takes other scripts' digits);
+    # a kernel counter is read hundreds of times a second, and this is faster than a regex
+    if not (stripped.isascii() and stripped.isdigit()):
         raise ValueError(f"not an unsigned counter: {text!r}")
     return int(stripped)
 

@@ -1,6 +1,12 @@
-"""A metric exporter that keeps what it could not send while the gateway is away.
+"""Getting the agent's metrics to the gateway: an OTLP/gRPC sender and a buffer for when the gateway is away.
 
-The OTLP exporter alone retries one export and then drops it. Wrapped in
+`OTLPBytesExporter` sends requests that `ridethrough.collector.otlp_encode.SampleEncoder`
+already serialised: gRPC gets the bytes as they are, where the SDK's exporter would take
+a protobuf message and serialise it again. It retries as the SDK's exporter does (the same
+retryable status codes, exponential backoff with jitter inside the export's deadline, a
+fresh channel after the first UNAVAILABLE, waits that a shutdown interrupts).
+
+The exporter alone retries one export and then gives up on it. Wrapped in
 `BufferingMetricExporter`, a failed export waits in a bounded queue and is sent, oldest
 first, before the next one; when the queue is full the oldest batch is dropped and
 counted. The agent keeps running whatever the gateway does.
@@ -9,21 +15,146 @@ counted. The agent keeps running whatever the gateway does.
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections import deque
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+import grpc
+from google.protobuf.message import DecodeError
+from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+
+from ridethrough.collector.otlp_encode import EncodedMetrics
 
 log = logging.getLogger(__name__)
 
+METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+RETRYABLE = frozenset({
+    grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS,
+})
+"""Status codes worth another try (the OTLP exporter specification's list, as the SDK has it)."""
+MAX_ATTEMPTS = 6
+USER_AGENT = "ridethrough-agent"
+RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 
-class BufferingMetricExporter(MetricExporter):
+Batch = TypeVar("Batch", MetricsData, EncodedMetrics)
+Batch_contra = TypeVar("Batch_contra", MetricsData, EncodedMetrics, contravariant=True)
+
+
+class BatchExporter(Protocol[Batch_contra]):
+    """What `BufferingMetricExporter` wraps: the SDK's metric exporters, or `OTLPBytesExporter`."""
+
+    def export(self, batch: Batch_contra, /, timeout_millis: float = 10_000) -> MetricExportResult:
+        """Send one batch."""
+        ...
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Send what is pending."""
+        ...
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        """Stop; later exports fail."""
+        ...
+
+
+class OTLPBytesExporter:
+    """Sends `EncodedMetrics` to an OTLP/gRPC endpoint (``HOST:PORT``) within ``timeout_s`` each.
+
+    Plaintext unless ``credentials`` are given (TLS, mutual TLS); ``headers`` go with every
+    request as gRPC metadata (e.g. ``("authorization", "Bearer ...")``).
+    """
+
+    def __init__(self, *, endpoint: str, timeout_s: float, credentials: grpc.ChannelCredentials | None = None,
+                 headers: Sequence[tuple[str, str]] = ()) -> None:
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+        self._credentials = credentials
+        self._headers = tuple(headers)
+        self._shutdown = threading.Event()
+        self._channel: grpc.Channel | None = None
+        self._call: Any = None
+        self._connect()
+
+    def _connect(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        options = [("grpc.primary_user_agent", USER_AGENT)]
+        self._channel = grpc.insecure_channel(self._endpoint, options=options) if self._credentials is None \
+            else grpc.secure_channel(self._endpoint, self._credentials, options=options)
+        self._call = self._channel.unary_unary(METRICS_EXPORT, request_serializer=_as_is,
+                                               response_deserializer=ExportMetricsServiceResponse.FromString)
+
+    def export(self, batch: EncodedMetrics, /, timeout_millis: float = 10_000) -> MetricExportResult:
+        """Send ``batch``, retrying what is worth retrying until the deadline; never raises for gRPC errors."""
+        deadline = time.monotonic() + min(self._timeout_s, timeout_millis / 1000)
+        for attempt in range(MAX_ATTEMPTS):
+            if self._shutdown.is_set():
+                return MetricExportResult.FAILURE
+            try:
+                response = self._call(batch.payload, timeout=max(0.0, deadline - time.monotonic()),
+                                      metadata=self._headers)
+            except grpc.RpcError as err:
+                code = err.code()
+                if code is grpc.StatusCode.UNAVAILABLE and attempt == 0:
+                    # gRPC's own reconnect backoff grows to minutes; a new channel tries at once
+                    self._connect()
+                # the gateway's RetryInfo (backpressure) if it sent one, else doubling, +/-20% so agents drift apart
+                backoff_s = _retry_delay_s(err) or 2 ** attempt * random.uniform(0.8, 1.2)
+                if code not in RETRYABLE or attempt + 1 == MAX_ATTEMPTS or backoff_s > deadline - time.monotonic():
+                    log.error("metric export to %s failed: %s %s", self._endpoint, code, err.details())
+                    return MetricExportResult.FAILURE
+                log.warning("metric export to %s: %s, retrying in %.2f s", self._endpoint, code, backoff_s)
+                if self._shutdown.wait(backoff_s):
+                    return MetricExportResult.FAILURE
+                continue
+            _note_partial_success(response, self._endpoint)
+            return MetricExportResult.SUCCESS
+        return MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Nothing is held here: every export is sent before it returns."""
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        """Interrupt any retry wait and close the channel."""
+        self._shutdown.set()
+        if self._channel is not None:
+            self._channel.close()
+
+
+def _as_is(payload: bytes) -> bytes:
+    return payload
+
+
+def _retry_delay_s(err: grpc.RpcError) -> float | None:
+    """The delay a ``google.rpc.RetryInfo`` in the error's trailers asks for, if there is one."""
+    try:
+        raw = dict(err.trailing_metadata() or ()).get(RETRY_INFO_KEY)
+        if raw is None:
+            return None
+        delay = RetryInfo.FromString(raw).retry_delay
+    except (DecodeError, TypeError, ValueError):  # a trailer we cannot read: back off as if there were none
+        return None
+    return float(delay.seconds + delay.nanos / 1e9)
+
+
+def _note_partial_success(response: ExportMetricsServiceResponse, endpoint: str) -> None:
+    rejected = response.partial_success.rejected_data_points
+    if rejected or response.partial_success.error_message:
+        log.warning("gateway %s rejected %d point(s): %s", endpoint, rejected, response.partial_success.error_message)
+
+
+class BufferingMetricExporter(Generic[Batch]):
     """Delegates to ``inner``; queues failed exports, at most ``max_batches`` of them."""
 
-    def __init__(self, inner: MetricExporter, *, max_batches: int) -> None:
-        super().__init__()  # cumulative temporality, the default the OTLP exporter also uses
-        self._inner = inner
-        self._queue: deque[MetricsData] = deque()
+    def __init__(self, inner: BatchExporter[Batch], *, max_batches: int) -> None:
+        self._inner: BatchExporter[Batch] = inner
+        self._queue: deque[Batch] = deque()
         self._max = max_batches
         self._lock = threading.Lock()
         self.dropped_batches = 0
@@ -35,10 +166,10 @@ class BufferingMetricExporter(MetricExporter):
         """Exports waiting for the gateway."""
         return len(self._queue)
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
+    def export(self, batch: Batch, timeout_millis: float = 10_000) -> MetricExportResult:
         """Send queued exports, then this one; queue whatever fails."""
         with self._lock:
-            self._queue.append(metrics_data)
+            self._queue.append(batch)
             self._trim()
             while self._queue:
                 if self._inner.export(self._queue[0], timeout_millis=timeout_millis) is not MetricExportResult.SUCCESS:
@@ -52,18 +183,20 @@ class BufferingMetricExporter(MetricExporter):
         while len(self._queue) > self._max:
             lost = self._queue.popleft()
             self.dropped_batches += 1
-            self.dropped_points += _count_points(lost)
+            self.dropped_points += count_points(lost)
             log.error("agent buffer full: dropped an export (%d dropped so far)", self.dropped_batches)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Flush the inner exporter."""
         return self._inner.force_flush(timeout_millis=timeout_millis)
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
         """Shut the inner exporter down; what is still queued is lost (and was counted as buffered)."""
         self._inner.shutdown(timeout_millis=timeout_millis)
 
 
-def _count_points(data: MetricsData) -> int:
-    return sum(len(m.data.data_points) for rm in data.resource_metrics
-               for sm in rm.scope_metrics for m in sm.metrics)
+def count_points(batch: MetricsData | EncodedMetrics) -> int:
+    """The data points in one batch."""
+    if isinstance(batch, EncodedMetrics):
+        return batch.points
+    return sum(len(m.data.data_points) for rm in batch.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)

@@ -109,6 +109,11 @@ def _read_script(path: Path) -> Script:
     return parse_script(path.read_text(encoding="utf-8"), source=str(path))
 
 
+def _file_key(st: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is edited in place or replaced (the old file's link count drops)."""
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink
+
+
 def create_fake_gpus(path: str | os.PathLike[str], count: int = 8, *, host: str, seed: int | None = None,
                      name: str = H100_NAME, nvlinks: int = H100_NVLINKS,
                      unsupported: Iterable[str] = H100_UNSUPPORTED) -> None:
@@ -200,26 +205,52 @@ class FakeNvmlBackend(NvmlBackend):
         self._initialized = False
         self._stat_key: tuple[int, ...] | None = None
         self._script: Script | None = None
+        self._fd: int | None = None
+        """The script file as last read, held open: its fstat is the cheap check that it is still current."""
         self._states: dict[int, tuple[tuple[int, int, int], GpuState]] = {}
         self._returned: set[int] = set()
 
     def _load(self) -> Script:
-        """The script, re-read when its file changed (a new inode after each atomic replace)."""
+        """The script, re-read when its file changed.
+
+        Every call checks, so a fault the lab adds is seen by the next call. The check is an
+        ``fstat`` of the file as last read (an agent makes about a hundred calls a second; a
+        ``stat`` by path costs several times more): writers replace the file, which unlinks the
+        old one (its link count drops, its ctime moves), and an edit in place moves its mtime,
+        ctime or size. The file is checked before it is read, so a change during the read is
+        seen by the next call; one already unlinked when opened is not kept open at all.
+        """
         with self._lock:
             if not self._initialized:
                 raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED, "Uninitialized")
+            if self._fd is not None and self._script is not None and _file_key(os.fstat(self._fd)) == self._stat_key:
+                return self._script
+            self._close()
             try:
-                st = os.stat(self._path)
+                fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED, f"no fake GPU script at {self._path}") from None
-            key = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
-            if key != self._stat_key or self._script is None:
-                try:
-                    self._script = _read_script(self._path)
-                except (ScriptError, OSError, UnicodeDecodeError) as err:
-                    raise NvmlError(pynvml.NVML_ERROR_UNKNOWN, f"fake GPU script unreadable: {err}") from None
-                self._stat_key = key
+            except OSError as err:
+                raise NvmlError(pynvml.NVML_ERROR_UNKNOWN, f"fake GPU script unreadable: {err}") from None
+            try:
+                key = _file_key(os.fstat(fd))
+                chunks = []
+                while chunk := os.read(fd, 1 << 16):
+                    chunks.append(chunk)
+                self._script = parse_script(b"".join(chunks).decode("utf-8"), source=str(self._path))
+            except (ScriptError, OSError, UnicodeDecodeError) as err:
+                os.close(fd)
+                raise NvmlError(pynvml.NVML_ERROR_UNKNOWN, f"fake GPU script unreadable: {err}") from None
+            if key[3] == 0:  # replaced while we opened it: the next call opens the new file
+                os.close(fd)
+            else:
+                self._fd, self._stat_key = fd, key
             return self._script
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _state(self, script: Script, index: int) -> GpuState:
         # The state is a pure function of (script, GPU, time); calls within 1 ms share it.
@@ -258,6 +289,7 @@ class FakeNvmlBackend(NvmlBackend):
         """Stop; a `wait_xid` in progress returns early."""
         with self._lock:
             self._initialized = False
+            self._close()
         self._stopped.set()
 
     def driver_version(self) -> str:

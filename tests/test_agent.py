@@ -74,7 +74,8 @@ def test_agent_started_before_its_gateway_delivers_what_it_buffered(spawn, tmp_p
     agent = spawn("agent", "--gateway", f"127.0.0.1:{port}", "--sysfs-root", str(FIXTURES / "sysfs" / "ib_host"),
                   "--interval", "0.2", "--export-interval", "0.5", "--node-id", "early", name="agent",
                   env={"RIDETHROUGH_AGENT_EXPORT_TIMEOUT_S": "1"})
-    time.sleep(3)  # the agent runs with no gateway for a while: that is the scenario, not a wait
+    # the agent runs with no gateway for a few exports (however long it takes to start on a busy machine)
+    wait_for(lambda: "3 export(s) buffered" in agent.output(), timeout_s=60, what="exports buffered")
     assert agent.alive()
     gateway_started_ns = time.time_ns()
     ready = tmp_path / "ready.json"

@@ -359,6 +359,55 @@ def test_backend_rereads_the_script_when_it_changes(path: Path, nvml: FakeNvmlBa
         assert nvml.pcie_replay_count(0) == 10 * sum(f.params["rate_per_s"] for f in script.faults())
 
 
+def test_backend_notices_an_edit_in_place_a_removal_and_a_new_file(path: Path, nvml: FakeNvmlBackend) -> None:
+    inode = path.stat().st_ino
+    raw = json.loads(path.read_text())
+    raw["gpus"] = raw["gpus"][:3]
+    with open(path, "r+") as script:  # the same file, rewritten: no rename for the backend to see
+        script.truncate(0)
+        script.write(json.dumps(raw))
+    assert path.stat().st_ino == inode and nvml.device_count() == 3
+    path.unlink()
+    with pytest.raises(NvmlError) as raised:
+        nvml.device_count()
+    assert raised.value.code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    create_fake_gpus(path, 5, host="h0", seed=7)
+    assert nvml.device_count() == 5
+
+
+def test_a_script_replaced_while_the_backend_opens_it_is_read_again(
+        path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = FakeNvmlBackend(path, clock=clock)
+    real_fstat = os.fstat
+    replaced: list[bool] = []
+
+    def fstat_after_a_writer(fd: int) -> os.stat_result:
+        if not replaced:  # the lab replaces the file between the backend's open and its fstat
+            replaced.append(True)
+            GpuScript(path).add(0, GpuFault.PCIE_REPLAY_STORM, {"rate_per_s": 1.0}, start_ns=T0 - 10 * S)
+        return real_fstat(fd)
+
+    monkeypatch.setattr(os, "fstat", fstat_after_a_writer)
+    backend.init()  # reads the old file, which is already unlinked
+    assert replaced and backend.pcie_replay_count(0) == 10, "the next call read the new file"
+    backend.shutdown()
+
+
+def test_backend_keeps_one_file_open_and_closes_it_at_shutdown(path: Path, clock: Clock) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    backend = FakeNvmlBackend(path, clock=clock)
+    backend.init()
+    for rate in (1.0, 2.0):  # each change replaces the file: the old one is let go
+        GpuScript(path).add(0, GpuFault.PCIE_REPLAY_STORM, {"rate_per_s": rate}, start_ns=T0)
+        backend.pcie_replay_count(0)
+    assert open_fds() == before + 1
+    backend.shutdown()
+    assert open_fds() == before
+
+
 def test_script_survives_concurrent_writers_and_a_reader(path: Path, clock: Clock) -> None:
     reader = FakeNvmlBackend(path, clock=clock.at(1000))
     reader.init()

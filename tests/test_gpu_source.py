@@ -190,6 +190,22 @@ def test_faults_show_in_their_fields(path: Path, clock: Clock, source: GpuSource
     assert value(samples, "hw.errors", 1, **{"error.type": "uncorrected"}) == 2, "counters keep their totals"
 
 
+def test_a_series_keeps_its_attribute_dict_from_tick_to_tick_while_values_move(
+        path: Path, clock: Clock, source: GpuSource) -> None:
+    GpuScript(path).add(0, GpuFault.ECC_SBE_RISING, {"rate_per_s": 2.0}, start_ns=T0)
+
+    def series(samples: list[Sample]) -> dict[tuple[str, frozenset[tuple[str, str]]], Sample]:
+        return {(s.name, frozenset(s.attributes.items())): s for s in samples}
+
+    first_samples, second_samples = source.collect(clock.at(10)), source.collect(clock.at(20))
+    first, second = series(first_samples), series(second_samples)
+    assert first.keys() == second.keys() and len(second) == len(second_samples), "no series twice"
+    assert all(second[k].attributes is first[k].attributes for k in first), "the same dict, not an equal one"
+    corrected = {"error.type": "corrected"}
+    assert value(first_samples, "hw.errors", 0, **corrected) == 20
+    assert value(second_samples, "hw.errors", 0, **corrected) == 40, "the counter moves on through its cached key"
+
+
 def test_a_gpu_that_retires_pages_reports_them_instead_of_remapped_rows(tmp_path: Path, clock: Clock) -> None:
     path = tmp_path / "v100.json"
     create_fake_gpus(path, 1, host="h0", seed=1, name="Tesla V100-SXM2-32GB", nvlinks=6,

@@ -511,6 +511,25 @@ def test_infiniband_counter_reset_keeps_the_total_rising(tmp_path: Path) -> None
     assert source.resets_total == 2
 
 
+def test_a_counter_standing_still_hands_out_its_last_sample_and_a_moving_one_a_new_one(tmp_path: Path) -> None:
+    root = copy_fixture("ib_host", tmp_path)
+    counters = root / "class/infiniband/mlx5_0/ports/1/counters"
+    source = InfinibandSource(sysfs_root=root)
+    tx = _key("ridethrough.ib.port.io", {**PORT, "network.io.direction": "transmit"})
+    symbol = _key("ridethrough.ib.port.errors", port(counter="symbol_error"))
+    first = index(source.collect(NOW_NS))
+    write(counters / "port_xmit_data", "123456789013\n")
+    second = index(source.collect(NOW_NS))
+    assert second[symbol] is first[symbol], "unchanged: the same (immutable) sample again"
+    assert second[tx] is not first[tx] and second[tx].value == first[tx].value + 4
+    assert second[tx].attributes is first[tx].attributes, "a series keeps its attribute dict"
+    shutil.rmtree(root / "class/infiniband/mlx5_0")
+    assert source.collect(NOW_NS) == []
+    shutil.copytree(FIXTURES / "ib_host/class/infiniband/mlx5_0", root / "class/infiniband/mlx5_0")
+    back = index(source.collect(NOW_NS))
+    assert back[symbol].value == 12 and back[symbol] is not first[symbol], "a port that came back starts afresh"
+
+
 def test_infiniband_port_vanishing_between_collects(tmp_path: Path) -> None:
     root = copy_fixture("ib_host", tmp_path)
     source = InfinibandSource(sysfs_root=root)

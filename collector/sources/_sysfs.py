@@ -20,6 +20,7 @@ from typing import ClassVar, TypeVar
 
 from ..counters import CounterTracker, SeriesKey, parse_counter
 from ..sample import MetricKind, Sample
+from ._attrs import SeriesAttributes
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -49,11 +50,11 @@ def nonempty(text: str, what: str) -> str:
 
 
 def gauge(metric: str, unit: str, attributes: Mapping[str, str], value: float) -> Sample:
-    """A gauge sample (attributes copied)."""
-    return Sample(metric, float(value), MetricKind.GAUGE, unit, dict(attributes))
+    """A gauge sample. ``attributes`` is shared, not copied: the caller must not change it afterwards."""
+    return Sample(metric, float(value), MetricKind.GAUGE, unit, attributes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CounterFile:
     """One counter file and the series it feeds, worked out once and reused every collection."""
 
@@ -64,6 +65,9 @@ class CounterFile:
     """Shared by every sample of the series: readers must not change it."""
     key: SeriesKey
     multiplier: int = 1
+    last: Sample | None = None
+    """The sample last made from this file: handed out again while the total stands still (most error
+    counters, most of the time), which spares making one (samples are immutable, so sharing is safe)."""
 
 
 Describe = Callable[[str], tuple[str, str, dict[str, str], int]]
@@ -82,8 +86,12 @@ class SysfsSource:
         self._interval_s = float(interval_s)
         self._tracker = CounterTracker(max_idle_collections=max_idle_collections)
         self._errors_total = 0
-        self._file_entries: dict[tuple[str, str], CounterFile] = {}
-        self._file_entries_seen: dict[tuple[str, str], CounterFile] = {}
+        # directory → file → entry; rebuilt by each collection from the files it read
+        self._file_entries: dict[str, dict[str, CounterFile]] = {}
+        self._file_entries_seen: dict[str, dict[str, CounterFile]] = {}
+        # device directory → its attribute sets, likewise kept only while the device is read
+        self._attributes: dict[str, SeriesAttributes] = {}
+        self._attributes_seen: dict[str, SeriesAttributes] = {}
 
     @property
     def name(self) -> str:
@@ -112,30 +120,48 @@ class SysfsSource:
             samples.extend(self._read_all())
         finally:
             self._tracker.end_collection()
-            # keep only the files this collection read: a vanished port's entries go with it
+            # keep only the files (and devices) this collection read: a vanished port's entries go with it
             self._file_entries, self._file_entries_seen = self._file_entries_seen, {}
+            self._attributes, self._attributes_seen = self._attributes_seen, {}
         return samples
 
     def _read_all(self) -> Iterable[Sample]:
         raise NotImplementedError
 
     def _counter(self, metric: str, unit: str, attributes: Mapping[str, str], raw: int) -> Sample:
+        """A counter sample (``attributes`` shared, as by `gauge`)."""
         total = self._tracker.observe(metric, attributes, raw)
-        return Sample(metric, float(total), MetricKind.COUNTER, unit, dict(attributes))
+        return Sample(metric, float(total), MetricKind.COUNTER, unit, attributes)
+
+    def _series_attributes(self, device: str, base: dict[str, str]) -> SeriesAttributes:
+        """The attribute sets of one device (a port, an interface; ``device`` names it, e.g. its
+        directory), the same objects every collection while ``base`` stays the same."""
+        found = self._attributes.get(device)
+        if found is None or found.base != base:
+            found = SeriesAttributes(base)
+        self._attributes_seen[device] = found
+        return found
 
     def _counter_files(self, directory: str, files: Iterable[str], describe: Describe) -> Iterator[Sample]:
         """A counter sample for each of ``files`` in ``directory`` that reads and parses."""
+        known = self._file_entries.get(directory, {})
+        seen = self._file_entries_seen[directory] = {}
+        observe = self._tracker.observe_key
         for file in files:
-            entry = self._file_entries.get((directory, file))
+            entry = known.get(file)
             if entry is None:
                 metric, unit, attributes, multiplier = describe(file)
                 entry = CounterFile(os.path.join(directory, file), metric, unit, attributes,
                                     (metric, frozenset(attributes.items())), multiplier)
-            self._file_entries_seen[(directory, file)] = entry
+            seen[file] = entry
             raw = self._value(entry.path, parse_counter)
             if raw is not None:
-                total = self._tracker.observe_key(entry.key, raw * entry.multiplier)
-                yield Sample(entry.metric, float(total), MetricKind.COUNTER, entry.unit, entry.attributes)
+                total = observe(entry.key, raw * entry.multiplier)
+                last = entry.last
+                if last is None or last.value != total:
+                    last = entry.last = Sample(entry.metric, float(total), MetricKind.COUNTER, entry.unit,
+                                               entry.attributes)
+                yield last
 
     def _value(self, path: str | Path, parse: Callable[[str], _T]) -> _T | None:
         try:

@@ -43,6 +43,7 @@ from ridethrough.collector.nvml import (
 )
 from ridethrough.collector.sample import Event, EventSink, MetricKind, Sample
 
+from ._attrs import SeriesAttributes
 from .gpu_fields import GPU_ATTRIBUTES, UNKNOWN, GpuIdentity, GpuReader, LinkSamples, samples_of, status_samples
 from .gpu_xid import XidWatcher, xid_class_name, xid_event
 
@@ -101,6 +102,7 @@ class GpuSource:
         self._lock = threading.Lock()  # identities and XID counts, shared with the watcher thread
         self._gpu_count = 0
         self._identities: dict[int, GpuIdentity] = {}
+        self._series: dict[int, SeriesAttributes] = {}  # used by the collecting thread only
         self._xid_counts: dict[tuple[int, int], int] = {}
         self._xid_uuids: dict[int, str] = {}
         self._lost: set[int] = set()
@@ -218,7 +220,11 @@ class GpuSource:
             self._lost.discard(index)
             self._send(Event("gpu.recovered", f"GPU {index} ({identity.uuid}) answers NVML again", now_ns,
                              "INFO", attrs))
-        return samples_of(reading, attrs, self._counters, self._link_samples.of(index, reading, attrs, self._counters))
+        series = self._series.get(index)
+        if series is None or series.base != attrs:  # first read, or the identity filled in
+            series = self._series[index] = SeriesAttributes(attrs)
+        return samples_of(reading, series, self._counters,
+                          self._link_samples.of(index, reading, series, self._counters))
 
     def _identity(self, index: int) -> GpuIdentity:
         with self._lock:

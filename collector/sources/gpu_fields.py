@@ -35,6 +35,8 @@ from ridethrough.collector.nvml import (
 )
 from ridethrough.collector.sample import MetricKind, Sample
 
+from ._attrs import Extra, SeriesAttributes
+
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -49,7 +51,9 @@ HEALTH_STATES: Final = ("ok", "degraded", "predicted_failure", "failed")
 _DEGRADING_REASONS: Final = (ClockEventReason.HwSlowdown | ClockEventReason.SwThermalSlowdown
                              | ClockEventReason.HwThermalSlowdown | ClockEventReason.HwPowerBrakeSlowdown)
 """Clock event reasons that mean the GPU runs slower than it should (power capping under load does not)."""
-_REASON_NAMES: Final = frozenset(str(reason.name) for reason in ClockEventReason)
+_REASON_LIST: Final = tuple(str(reason.name) for reason in ClockEventReason)
+_REASON_NAMES: Final = frozenset(_REASON_LIST)
+_RECOVERY_NAMES: Final = tuple(recovery_action_name(a) for a in RecoveryAction)
 _LOSS_ACTIONS: Final = frozenset(RecoveryAction) - {RecoveryAction.NONE, RecoveryAction.DRAIN_P2P}
 """Recovery actions after which the GPU runs no work until someone acts (reset, reboot, ...)."""
 
@@ -202,9 +206,10 @@ def health_state(reading: GpuReading) -> str:
     return "ok"
 
 
-def status_samples(attrs: Mapping[str, str], state: str) -> list[Sample]:
+def status_samples(attrs: Mapping[str, str] | SeriesAttributes, state: str) -> list[Sample]:
     """``hw.status``: one series per `HEALTH_STATES` value, 1 for the GPU's state and 0 for the others."""
-    return [_gauge("hw.status", "1", {**attrs, "hw.state": s}, s == state) for s in HEALTH_STATES]
+    a = _series(attrs)
+    return [_gauge(a, "hw.status", "1", s == state, ("hw.state", s)) for s in HEALTH_STATES]
 
 
 class LinkSamples:
@@ -217,65 +222,71 @@ class LinkSamples:
     def __init__(self) -> None:
         self._last: dict[int, tuple[object, list[Sample]]] = {}
 
-    def of(self, index: int, r: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> list[Sample]:
+    def of(self, index: int, r: GpuReading, attrs: Mapping[str, str] | SeriesAttributes,
+           counters: CounterTracker) -> list[Sample]:
         """The NVLink samples of GPU ``index``'s reading."""
         last = self._last.get(index)
         if last is None or last[0] is not r.links:
-            last = (r.links, list(_links(r, attrs, counters)))
+            last = (r.links, list(_links(r, _series(attrs), counters)))
             self._last[index] = last
         return last[1]
 
 
-def samples_of(reading: GpuReading, attrs: Mapping[str, str], counters: CounterTracker,
+def samples_of(reading: GpuReading, attrs: Mapping[str, str] | SeriesAttributes, counters: CounterTracker,
                links: list[Sample] | None = None) -> list[Sample]:
     """Every sample of one GPU's reading; counters go through ``counters`` so they never go down.
 
-    ``links``: the reading's NVLink samples when the caller keeps them (see `LinkSamples`).
+    ``attrs``: the GPU's attributes, or its `SeriesAttributes` where the caller keeps them from
+    tick to tick. ``links``: the reading's NVLink samples when the caller keeps them (see `LinkSamples`).
     """
-    link_samples = links if links is not None else list(_links(reading, attrs, counters))
-    return [*_load(reading, attrs), *_clocks(reading, attrs), *_memory_health(reading, attrs, counters),
-            *link_samples, *_recovery(reading, attrs), *status_samples(attrs, health_state(reading))]
+    a = _series(attrs)
+    link_samples = links if links is not None else list(_links(reading, a, counters))
+    return [*_load(reading, a), *_clocks(reading, a), *_memory_health(reading, a, counters),
+            *link_samples, *_recovery(reading, a), *status_samples(a, health_state(reading))]
 
 
-def _gauge(name: str, unit: str, attrs: Mapping[str, str], value: float) -> Sample:
-    return Sample(name, float(value), MetricKind.GAUGE, unit, dict(attrs))
+def _series(attrs: Mapping[str, str] | SeriesAttributes) -> SeriesAttributes:
+    return attrs if isinstance(attrs, SeriesAttributes) else SeriesAttributes(attrs)
 
 
-def _counter(counters: CounterTracker, name: str, unit: str, attrs: Mapping[str, str], raw: int) -> Sample:
-    return Sample(name, float(counters.observe(name, attrs, raw)), MetricKind.COUNTER, unit, dict(attrs))
+def _gauge(a: SeriesAttributes, name: str, unit: str, value: float, *extra: Extra) -> Sample:
+    return a.sample(name, MetricKind.GAUGE, unit, value, *extra)
 
 
-def _load(r: GpuReading, attrs: Mapping[str, str]) -> Iterator[Sample]:
+def _counter(counters: CounterTracker, a: SeriesAttributes, name: str, unit: str, raw: int, *extra: Extra) -> Sample:
+    return a.sample(name, MetricKind.COUNTER, unit, counters.observe_key(a.key(name, *extra), raw), *extra)
+
+
+def _load(r: GpuReading, a: SeriesAttributes) -> Iterator[Sample]:
     if r.utilization is not None:
-        yield _gauge("hw.gpu.utilization", "1", {**attrs, "hw.gpu.task": "general"}, r.utilization.gpu_percent / 100)
-        yield _gauge("ridethrough.gpu.memory_controller.utilization", "1", attrs, r.utilization.memory_percent / 100)
+        yield _gauge(a, "hw.gpu.utilization", "1", r.utilization.gpu_percent / 100, ("hw.gpu.task", "general"))
+        yield _gauge(a, "ridethrough.gpu.memory_controller.utilization", "1", r.utilization.memory_percent / 100)
     if r.memory is not None:
-        yield _gauge("hw.gpu.memory.usage", "By", attrs, r.memory.used_bytes)
-        yield _gauge("hw.gpu.memory.limit", "By", attrs, r.memory.total_bytes)
+        yield _gauge(a, "hw.gpu.memory.usage", "By", r.memory.used_bytes)
+        yield _gauge(a, "hw.gpu.memory.limit", "By", r.memory.total_bytes)
     if r.temperature_c is not None:
-        yield _gauge("hw.temperature", "Cel", attrs, r.temperature_c)
+        yield _gauge(a, "hw.temperature", "Cel", r.temperature_c)
     if r.power_mw is not None:
-        yield _gauge("hw.power", "W", attrs, r.power_mw / 1000)
+        yield _gauge(a, "hw.power", "W", r.power_mw / 1000)
 
 
-def _clocks(r: GpuReading, attrs: Mapping[str, str]) -> Iterator[Sample]:
+def _clocks(r: GpuReading, a: SeriesAttributes) -> Iterator[Sample]:
     if r.sm_clock_mhz is not None:
-        yield _gauge("ridethrough.gpu.clock.sm", "MHz", attrs, r.sm_clock_mhz)
+        yield _gauge(a, "ridethrough.gpu.clock.sm", "MHz", r.sm_clock_mhz)
     if r.clock_event_reasons is None:
         return
     mask = r.clock_event_reasons
-    yield _gauge("ridethrough.gpu.clock_event_reasons", "1", attrs, mask)
+    yield _gauge(a, "ridethrough.gpu.clock_event_reasons", "1", mask)
     active = set(decode_clock_event_reasons(mask))
     # every known reason as 0 or 1, so a reason that ends shows as a drop to 0, not a gap
-    for name in [*(str(reason.name) for reason in ClockEventReason), *sorted(active - _REASON_NAMES)]:
-        yield _gauge("ridethrough.gpu.clock_event_reason", "1", {**attrs, "gpu.clock_event_reason": name},
-                     name in active)
+    for name in [*_REASON_LIST, *sorted(active - _REASON_NAMES)]:
+        yield _gauge(a, "ridethrough.gpu.clock_event_reason", "1", name in active, ("gpu.clock_event_reason", name))
 
 
-def _memory_health(r: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> Iterator[Sample]:
+def _memory_health(r: GpuReading, a: SeriesAttributes, counters: CounterTracker) -> Iterator[Sample]:
     def by_type(name: str, unit: str, corrected: int, uncorrected: int) -> Iterator[Sample]:
-        yield _counter(counters, name, unit, {**attrs, "error.type": "corrected"}, corrected)
-        yield _counter(counters, name, unit, {**attrs, "error.type": "uncorrected"}, uncorrected)
+        yield _counter(counters, a, name, unit, corrected, ("error.type", "corrected"))
+        yield _counter(counters, a, name, unit, uncorrected, ("error.type", "uncorrected"))
 
     if r.ecc is not None:
         yield from by_type("hw.errors", "{error}", r.ecc.corrected_volatile, r.ecc.uncorrected_volatile)
@@ -284,34 +295,33 @@ def _memory_health(r: GpuReading, attrs: Mapping[str, str], counters: CounterTra
     if r.remapped_rows is not None:
         rows = r.remapped_rows
         yield from by_type("ridethrough.gpu.memory.remapped_rows", "{row}", rows.corrected, rows.uncorrected)
-        yield _gauge("ridethrough.gpu.memory.remap_pending", "1", attrs, rows.pending)
-        yield _gauge("ridethrough.gpu.memory.remap_failure", "1", attrs, rows.failure)
+        yield _gauge(a, "ridethrough.gpu.memory.remap_pending", "1", rows.pending)
+        yield _gauge(a, "ridethrough.gpu.memory.remap_failure", "1", rows.failure)
     if r.retired_pages is not None:
         pages = r.retired_pages
         yield from by_type("ridethrough.gpu.memory.retired_pages", "{page}", pages.single_bit, pages.double_bit)
-        yield _gauge("ridethrough.gpu.memory.retirement_pending", "1", attrs, pages.pending)
+        yield _gauge(a, "ridethrough.gpu.memory.retirement_pending", "1", pages.pending)
     if r.pcie_replay_count is not None:
-        yield _counter(counters, "ridethrough.gpu.pcie.replays", "{replay}", attrs, r.pcie_replay_count)
+        yield _counter(counters, a, "ridethrough.gpu.pcie.replays", "{replay}", r.pcie_replay_count)
 
 
-def _links(r: GpuReading, attrs: Mapping[str, str], counters: CounterTracker) -> Iterator[Sample]:
+def _links(r: GpuReading, a: SeriesAttributes, counters: CounterTracker) -> Iterator[Sample]:
     for link, reading in sorted(r.links.items()):
-        link_attrs = {**attrs, "gpu.nvlink": str(link)}
+        on_link = ("gpu.nvlink", str(link))
         if reading.up is not None:
-            yield _gauge("ridethrough.gpu.nvlink.up", "1", link_attrs, reading.up)
+            yield _gauge(a, "ridethrough.gpu.nvlink.up", "1", reading.up, on_link)
         if reading.errors is None:
             continue
         e = reading.errors
         for kind, raw in (("crc_flit", e.crc_flit), ("crc_data", e.crc_data), ("replay", e.replay),
                           ("recovery", e.recovery)):
-            yield _counter(counters, "ridethrough.gpu.nvlink.errors", "{error}", {**link_attrs, "error.type": kind},
-                           raw)
+            yield _counter(counters, a, "ridethrough.gpu.nvlink.errors", "{error}", raw, on_link, ("error.type", kind))
 
 
-def _recovery(r: GpuReading, attrs: Mapping[str, str]) -> Iterator[Sample]:
+def _recovery(r: GpuReading, a: SeriesAttributes) -> Iterator[Sample]:
     if r.recovery_action is None:
         return
     current = recovery_action_name(r.recovery_action)
-    names = [recovery_action_name(a) for a in RecoveryAction]
-    for name in names if current in names else [*names, current]:
-        yield _gauge("ridethrough.gpu.recovery_action", "1", {**attrs, "gpu.recovery_action": name}, name == current)
+    names = _RECOVERY_NAMES if current in _RECOVERY_NAMES else (*_RECOVERY_NAMES, current)
+    for name in names:
+        yield _gauge(a, "ridethrough.gpu.recovery_action", "1", name == current, ("gpu.recovery_action", name))

@@ -42,8 +42,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..sample import Sample
-from ._sysfs import SysfsSource, gauge, nonempty
+from ..sample import MetricKind, Sample
+from ._attrs import SeriesAttributes
+from ._sysfs import SysfsSource, nonempty
 
 if TYPE_CHECKING:
     from ridethrough.settings import AgentConfig
@@ -57,6 +58,7 @@ _PORT = "ib.port"
 _DIRECTION = "network.io.direction"
 _COUNTER = "ib.counter"
 
+_GAUGE = MetricKind.GAUGE
 _IB_DATA_WORD_BYTES = 4
 """PortXmitData/PortRcvData count octets divided by 4 (IBA vol. 1, 16.1.3.5)."""
 
@@ -178,17 +180,19 @@ class InfinibandSource(SysfsSource):
             ValueError: ``interval_s`` is not positive.
         """
         super().__init__(interval_s=interval_s, max_idle_collections=max_idle_collections)
-        self._ib = Path(sysfs_root) / "class" / "infiniband"
+        # plain strings, not Paths: a collection joins a few hundred of them
+        self._ib = os.path.join(sysfs_root, "class", "infiniband")
 
     def _read_all(self) -> Iterator[Sample]:
         for device in self._list(self._ib, missing_is_error=False):
-            ports_dir = self._ib / device / "ports"
-            for port in self._list(ports_dir, missing_is_error=(self._ib / device).is_dir()):
-                yield from self._collect_port(device, port)
+            device_dir = os.path.join(self._ib, device)
+            ports_dir = os.path.join(device_dir, "ports")
+            for port in self._list(ports_dir, missing_is_error=os.path.isdir(device_dir)):
+                yield from self._collect_port(device, port, os.path.join(ports_dir, port))
 
-    def _list(self, directory: Path, *, missing_is_error: bool) -> list[str]:
+    def _list(self, directory: str, *, missing_is_error: bool) -> list[str]:
         try:
-            return sorted(e for e in os.listdir(directory) if (directory / e).is_dir())
+            return sorted(e for e in os.listdir(directory) if os.path.isdir(os.path.join(directory, e)))
         except FileNotFoundError as exc:
             if missing_is_error:
                 self._error(directory, exc)
@@ -197,27 +201,25 @@ class InfinibandSource(SysfsSource):
             self._error(directory, exc)
             return []
 
-    def _collect_port(self, device: str, port: str) -> Iterator[Sample]:
-        base = self._ib / device / "ports" / port
-        attributes = {_DEVICE: device, _PORT: port}
-        yield from self._port_gauges(base, attributes)
-        yield from self._counters(base / "counters", attributes)
-        yield from self._hw_counters(base / "hw_counters", attributes)
+    def _collect_port(self, device: str, port: str, base: str) -> Iterator[Sample]:
+        series = self._series_attributes(base, {_DEVICE: device, _PORT: port})
+        yield from self._port_gauges(base + "/", series)
+        yield from self._counters(os.path.join(base, "counters"), series.base)
+        yield from self._hw_counters(os.path.join(base, "hw_counters"), series.base)
 
-    def _port_gauges(self, base: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
-        state = self._value(base / "state", parse_numbered_state)
+    def _port_gauges(self, base: str, series: SeriesAttributes) -> Iterator[Sample]:
+        state = self._value(base + "state", parse_numbered_state)
         if state is not None:
-            link_layer = self._value(base / "link_layer", parse_link_layer) or "unknown"
-            attrs = {**attributes, "ib.link_layer": link_layer}
-            yield gauge("ridethrough.ib.port.state", "1", attrs, state)
-        phys_state = self._value(base / "phys_state", parse_numbered_state)
+            link_layer = self._value(base + "link_layer", parse_link_layer) or "unknown"
+            yield series.sample("ridethrough.ib.port.state", _GAUGE, "1", state, ("ib.link_layer", link_layer))
+        phys_state = self._value(base + "phys_state", parse_numbered_state)
         if phys_state is not None:
-            yield gauge("ridethrough.ib.port.phys_state", "1", attributes, phys_state)
-        rate = self._value(base / "rate", parse_rate)
+            yield series.sample("ridethrough.ib.port.phys_state", _GAUGE, "1", phys_state)
+        rate = self._value(base + "rate", parse_rate)
         if rate is not None:
-            yield gauge("ridethrough.ib.port.rate", "Gbit/s", attributes, rate)
+            yield series.sample("ridethrough.ib.port.rate", _GAUGE, "Gbit/s", rate)
 
-    def _counters(self, directory: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
+    def _counters(self, directory: str, attributes: Mapping[str, str]) -> Iterator[Sample]:
         # A port without counters/ is normal: the driver has no PMA (no process_mad).
         def describe(file: str) -> tuple[str, str, dict[str, str], int]:
             mapped = _MAPPED_COUNTERS.get(file)
@@ -226,17 +228,17 @@ class InfinibandSource(SysfsSource):
             metric, unit, extra, multiplier = mapped
             return metric, unit, {**attributes, **extra}, multiplier
 
-        yield from self._counter_files(str(directory), self._files(directory), describe)
+        yield from self._counter_files(directory, self._files(directory), describe)
 
-    def _hw_counters(self, directory: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
+    def _hw_counters(self, directory: str, attributes: Mapping[str, str]) -> Iterator[Sample]:
         # A port without hw_counters/ is normal: the driver has no alloc_hw_stats.
         def describe(file: str) -> tuple[str, str, dict[str, str], int]:
             return "ridethrough.ib.port.hw_counter", "1", {**attributes, _COUNTER: file}, 1
 
         files = [f for f in self._files(directory) if f not in _NOT_HW_COUNTERS]
-        yield from self._counter_files(str(directory), files, describe)
+        yield from self._counter_files(directory, files, describe)
 
-    def _files(self, directory: Path) -> list[str]:
+    def _files(self, directory: str) -> list[str]:
         try:
             return sorted(os.listdir(directory))
         except FileNotFoundError:

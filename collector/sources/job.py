@@ -57,6 +57,9 @@ TOTAL_EVENT_BURST = 1000.0
 
 _DRAIN_BATCH = 256  # datagrams per wake-up, so that a flood cannot keep stop() waiting
 _TYPES = ("step", "start", "end")
+# one attribute dict per reason and type, shared by every collection's samples (nobody changes them)
+_REASON_ATTRS = {reason: {"reason": str(reason)} for reason in DropReason}
+_TYPE_ATTRS = {kind: {"type": kind} for kind in _TYPES}
 _SERIES_METRICS = "ridethrough.job."
 
 
@@ -109,6 +112,9 @@ class _Series:
     last_step: int = -1
     last_duration_s: float = 0.0
     phase_s: dict[str, float] = field(default_factory=dict)  # keys from PHASES only
+    attrs: dict[str, str] = field(default_factory=dict)
+    """The series' attributes, made at its first collection and reused: samples share them."""
+    phase_attrs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def record(self, report: StepReport) -> None:
         self.running = True
@@ -133,8 +139,11 @@ class _Series:
         if self.steps:
             out.append(Sample(p + "step.last", self.last_step, gauge, "{step}", attrs))
             out.append(Sample(p + "step.duration", self.last_duration_s, gauge, "s", attrs))
-        out += [Sample(p + "phase.time", s, counter, "s", {**attrs, "job.phase": phase})
-                for phase, s in self.phase_s.items()]
+        for phase, seconds in self.phase_s.items():
+            on_phase = self.phase_attrs.get(phase)
+            if on_phase is None:
+                on_phase = self.phase_attrs[phase] = {**attrs, "job.phase": phase}
+            out.append(Sample(p + "phase.time", seconds, counter, "s", on_phase))
         return out
 
 
@@ -214,10 +223,12 @@ class JobSource:
             self._forget_idle(self._clock())
             out: list[Sample] = []
             for (customer, job, rank), series in self._series.items():
-                out += series.to_samples({"job.id": job, "job.customer": customer, "job.rank": str(rank)})
-            out += [Sample(p + "messages.dropped", n, counter, "{message}", {"reason": str(reason)})
+                if not series.attrs:
+                    series.attrs = {"job.id": job, "job.customer": customer, "job.rank": str(rank)}
+                out += series.to_samples(series.attrs)
+            out += [Sample(p + "messages.dropped", n, counter, "{message}", _REASON_ATTRS[reason])
                     for reason, n in self._dropped.items()]
-            out += [Sample(p + "messages.received", n, counter, "{message}", {"type": kind})
+            out += [Sample(p + "messages.received", n, counter, "{message}", _TYPE_ATTRS[kind])
                     for kind, n in self._received.items()]
             out.append(Sample(p + "events.suppressed", self._suppressed, counter, "{event}"))
             out.append(Sample(p + "series", len(self._series), MetricKind.GAUGE, "{series}"))

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..counters import parse_counter
-from ..sample import Sample
-from ._sysfs import SysfsSource, gauge, nonempty
+from ..sample import MetricKind, Sample
+from ._attrs import SeriesAttributes
+from ._sysfs import SysfsSource, nonempty
 
 if TYPE_CHECKING:
     from ridethrough.settings import AgentConfig
@@ -141,7 +142,7 @@ class NetdevSource(SysfsSource):
             ValueError: ``interval_s`` is not positive.
         """
         super().__init__(interval_s=interval_s, max_idle_collections=max_idle_collections)
-        self._net = Path(sysfs_root) / "class" / "net"
+        self._net = os.path.join(sysfs_root, "class", "net")  # a string: a collection joins a hundred paths
         self._include = tuple(include) if include is not None else None
         self._exclude = tuple(exclude)
 
@@ -163,23 +164,25 @@ class NetdevSource(SysfsSource):
             self._error(self._net, exc)
             return []
         # class/net also holds plain files such as bonding_masters.
-        return [e for e in entries if self._selected(e) and (self._net / e).is_dir()]
+        return [e for e in entries if self._selected(e) and os.path.isdir(os.path.join(self._net, e))]
 
     def _collect_interface(self, interface: str) -> Iterator[Sample]:
-        base = self._net / interface
-        attributes = {_IFACE: interface}
+        base = os.path.join(self._net, interface, "")
+        series = self._series_attributes(base, {_IFACE: interface})
         yield from self._statistics(base, interface)
-        changes = self._value(base / "carrier_changes", parse_counter)
+        changes = self._value(base + "carrier_changes", parse_counter)
         if changes is not None:
-            yield self._counter("ridethrough.nic.carrier_changes", "{change}", attributes, changes)
-        yield from self._link_gauges(base, attributes)
+            metric = "ridethrough.nic.carrier_changes"
+            total = self._tracker.observe_key(series.key(metric), changes)
+            yield series.sample(metric, MetricKind.COUNTER, "{change}", total)
+        yield from self._link_gauges(base, series)
 
-    def _statistics(self, base: Path, interface: str) -> Iterator[Sample]:
-        directory = base / "statistics"
+    def _statistics(self, base: str, interface: str) -> Iterator[Sample]:
+        directory = base + "statistics"
         try:
             files = sorted(os.listdir(directory))
         except FileNotFoundError as exc:
-            if base.is_dir():  # the interface is there, its counters are not
+            if os.path.isdir(base):  # the interface is there, its counters are not
                 self._error(directory, exc)
             return
         except OSError as exc:
@@ -193,22 +196,23 @@ class NetdevSource(SysfsSource):
             metric, unit, direction = mapped
             return metric, unit, {_IFACE: interface, _DIRECTION: direction}, 1
 
-        yield from self._counter_files(str(directory), files, describe)
+        yield from self._counter_files(directory, files, describe)
 
-    def _link_gauges(self, base: Path, attributes: Mapping[str, str]) -> Iterator[Sample]:
-        operstate = self._value(base / "operstate", parse_operstate)
+    def _link_gauges(self, base: str, series: SeriesAttributes) -> Iterator[Sample]:
+        kind = MetricKind.GAUGE
+        operstate = self._value(base + "operstate", parse_operstate)
         if operstate is not None:
-            carrier = self._value(base / "carrier", parse_carrier)
+            carrier = self._value(base + "carrier", parse_carrier)
             # Both must agree: operstate alone stays "up" on some drivers for a
             # moment after the cable is pulled, carrier alone ignores admin state.
             up = 1 if operstate == "up" and carrier == 1 else 0
-            yield gauge("ridethrough.nic.up", "1", attributes, up)
-        mtu = self._value(base / "mtu", parse_counter)
+            yield series.sample("ridethrough.nic.up", kind, "1", up)
+        mtu = self._value(base + "mtu", parse_counter)
         if mtu is not None:
-            yield gauge("ridethrough.nic.mtu", "By", attributes, mtu)
-        speed = self._value(base / "speed", parse_speed)
+            yield series.sample("ridethrough.nic.mtu", kind, "By", mtu)
+        speed = self._value(base + "speed", parse_speed)
         if speed is not None:
-            yield gauge("ridethrough.nic.speed", "Mbit/s", attributes, speed)
+            yield series.sample("ridethrough.nic.speed", kind, "Mbit/s", speed)
 
 
 def from_config(cfg: AgentConfig) -> NetdevSource:

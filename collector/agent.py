@@ -188,6 +188,7 @@ class Agent:
         self._export_interval_s = export_interval_s
         self._export_timeout_s = export_timeout_s
         self._stop = threading.Event()
+        self._collected = threading.Event()
         self.source_errors: dict[str, int] = {s.name: 0 for s in self._sources}
         self._source_attributes: dict[str, dict[str, str]] = {}
         self.collections = 0
@@ -225,6 +226,7 @@ class Agent:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop collecting, export what is left, shut the exporters down."""
         self._stop.set()
+        self._collected.set()
         for thread in (self._thread, self._exporting):
             if thread.is_alive():
                 thread.join(timeout_s)
@@ -342,18 +344,31 @@ class Agent:
         while not self._stop.is_set():
             now = time.monotonic()
             stamp = self._clock()
+            collected = False
             for source in self._sources:
                 if now >= due[source.name]:
                     self._collect_source(source, stamp)
                     due[source.name] = now + intervals[source.name]
+                    collected = True
+            if collected:
+                self._collected.set()  # fresh readings: the export loop may send them now
             self.collections += 1
             self._stop.wait(max(0.0, min(due.values(), default=now + 1.0) - time.monotonic()))
 
     def _export_loop(self) -> None:
+        """Export once per interval, right after a collection round when one comes at least half an
+        interval after the last export: readings leave as soon as they are read (a port that just went
+        down reaches the detectors a collection sooner), at the same number of exports."""
         interval = max(0.01, self._export_interval_s)
-        next_at = time.monotonic() + interval
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        last = time.monotonic()
+        while not self._stop.is_set():
+            self._collected.wait(max(0.0, last + interval - time.monotonic()))
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            if self._collected.is_set() and now - last < interval / 2:
+                self._collected.clear()  # read too soon after the last export: these go at the next turn
+                continue
+            self._collected.clear()
             self.export()
-            next_at += interval
-            if next_at < time.monotonic():  # an export outlasted the interval: wait a whole one, no catch-up burst
-                next_at = time.monotonic() + interval
+            last = now

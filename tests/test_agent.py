@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
+import statistics
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -132,3 +134,35 @@ def test_agent_counts_dropped_series_in_its_self_metrics() -> None:
         assert len([s for s in agent.samples() if s.name == "m"]) == 4
     finally:
         agent.stop(timeout_s=2)
+
+
+class Timed:
+    """A source that notes when it is read."""
+
+    name = "timed"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.read_at: list[float] = []
+
+    def collect(self, now_ns: int) -> Iterable[Sample]:
+        self.read_at.append(time.monotonic())
+        return [Sample("test.value", 1.0, MetricKind.GAUGE, "1", {"k": "v"})]
+
+
+def test_exports_follow_collection_rounds_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readings leave right after they are read (not up to an export interval later), and no more often."""
+    source = Timed(interval_s=0.4)
+    agent = Agent(identity=AgentIdentity(node_id="n", host_name="h", cluster="c"), sources=[source],
+                  gateway=f"127.0.0.1:{_free_port()}", export_interval_s=0.4, export_timeout_s=0.2)
+    exported_at: list[float] = []
+    monkeypatch.setattr(agent, "export", lambda: exported_at.append(time.monotonic()) or True)
+    agent.start()
+    try:
+        wait_for(lambda: len(exported_at) >= 8, timeout_s=30, what="eight exports")
+    finally:
+        agent.stop(timeout_s=2)
+    lags = [e - max(r for r in source.read_at if r <= e) for e in exported_at[:8] if e >= source.read_at[0]]
+    assert statistics.median(lags) < 0.1, lags  # scheduled independently, the median would be ~0.2 s
+    gaps = [b - a for a, b in itertools.pairwise(exported_at[:8])]
+    assert min(gaps) >= 0.2 - 0.02, gaps  # at most one export per half interval

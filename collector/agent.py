@@ -356,19 +356,18 @@ class Agent:
             self._stop.wait(max(0.0, min(due.values(), default=now + 1.0) - time.monotonic()))
 
     def _export_loop(self) -> None:
-        """Export once per interval, right after a collection round when one comes at least half an
-        interval after the last export: readings leave as soon as they are read (a port that just went
-        down reaches the detectors a collection sooner), at the same number of exports."""
+        """Export about once per interval, right after a collection round: readings leave as soon as
+        they are read (a port that just went down reaches the detectors a collection sooner), at the
+        same number of exports. Without collections, export anyway after one and a half intervals."""
         interval = max(0.01, self._export_interval_s)
         last = time.monotonic()
         while not self._stop.is_set():
-            self._collected.wait(max(0.0, last + interval - time.monotonic()))
+            fresh = self._collected.wait(max(0.0, last + 1.5 * interval - time.monotonic()))
             if self._stop.is_set():
                 return
-            now = time.monotonic()
-            if self._collected.is_set() and now - last < interval / 2:
-                self._collected.clear()  # read too soon after the last export: these go at the next turn
-                continue
             self._collected.clear()
+            now = time.monotonic()
+            if fresh and now - last < 0.9 * interval:
+                continue  # read sooner than an interval after the last export: these go with the next round
             self.export()
             last = now

@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# Debian packages the tests use (iproute2: network namespaces for the lab; prometheus: scrapes the agent).
-DEBS   ?= iproute2 prometheus prometheus-alertmanager
+# Debian packages the tests use: iproute2 (network namespaces for the lab), prometheus and
+# prometheus-alertmanager (rules, scrapes, pages), chromium (browser tests), openssl (certificates).
+DEBS   ?= iproute2 prometheus prometheus-alertmanager chromium openssl
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test check lint typecheck unit debs bench clean

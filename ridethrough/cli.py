@@ -21,6 +21,7 @@ import typer
 from ridethrough.audit_cli import audit as audit_command
 from ridethrough.certs import certs_command
 from ridethrough.config import ConfigError, Loaded, render
+from ridethrough.dashboards.dashboard_cli import dashboard as dashboard_command
 from ridethrough.dashboards.goodput_cli import app as goodput_app
 from ridethrough.lab.cli import lab_app
 from ridethrough.settings import load_component
@@ -35,6 +36,7 @@ app.add_typer(lab_app, name="lab")
 app.add_typer(goodput_app, name="goodput")
 app.command("certs")(certs_command)
 app.command("audit")(audit_command)
+app.command("dashboard")(dashboard_command)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]
@@ -296,7 +298,7 @@ def trace(
 
 @config_app.command("show")
 def config_show(component: Annotated[str, typer.Argument(
-                    help="agent, gateway, server, controller, actuators or pagerduty.")],
+                    help="agent, gateway, server, controller, actuators, pagerduty or dashboard.")],
                 config: ConfigOpt = None) -> None:
     """Print the effective config of a component and where each value came from."""
     try:

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ridethrough.config import ConfigError, FrozenMap, Loaded, load
+from ridethrough.dashboards.config import DashboardConfig
 from ridethrough.exporters.pagerduty_config import PagerDutyConfig
 
 _MiB = 1024 * 1024
@@ -267,6 +268,7 @@ COMPONENTS: Mapping[str, type] = MappingProxyType({
     "controller": ControllerConfig,
     "actuators": ActuatorConfig,
     "pagerduty": PagerDutyConfig,
+    "dashboard": DashboardConfig,
 })
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ridethrough.actuators.run_cli import register as register_job_commands
 from ridethrough.audit_cli import audit as audit_command
 from ridethrough.certs import certs_command
 from ridethrough.config import ConfigError, Loaded, render
@@ -37,6 +38,7 @@ app.add_typer(goodput_app, name="goodput")
 app.command("certs")(certs_command)
 app.command("audit")(audit_command)
 app.command("dashboard")(dashboard_command)
+register_job_commands(app)  # run, snapshot, migrate, job-status
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with one section per component.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="ClickHouse DSN: chdb://PATH or http(s)://...")]

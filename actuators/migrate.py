@@ -1,0 +1,269 @@
+"""Moving ranks to hot spares: the coordinator's two operations (the ranks' side is `shim.recovery`).
+
+`Migration` (proactive: a GPU or host predicted to fail, an operator's request)::
+
+    start   pick a spare per leaving rank, assign it, issue the command (ranks fix its step T)
+    arrive  every rank at T, every spare at its first batch  -> "go"   (else "abort": nothing changed)
+    hand    each leaving rank sends its state to its spare and exits
+    form    the next generation's roll call completes: training goes on at step T, nothing redone
+
+`Recovery` (reactive: a rank died, a node fell silent)::
+
+    reports the other ranks report the step (and update phase) where their collective failed
+    plan    a rank that had not updated gives its state to a spare per lost rank
+    form    the next generation forms; the ranks replay the interrupted step (at most one step redone)
+
+A spare that dies on the way is replaced by another one (from a peer's copy of the state when
+the leaving rank is already gone); when no spare is left, or no peer holds the state, the
+coordinator falls back (`Coordinator.fallback`: restart from the newest snapshot, or stop the
+job) and says which, in its events and its reply.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ridethrough.actuators.shim import keys
+
+if TYPE_CHECKING:
+    from ridethrough.actuators.shim.coordinator import Coordinator, Reply, Spare
+
+
+def _moves_doc(moves: dict[int, Spare]) -> dict[str, str]:
+    return {str(r): s.id for r, s in sorted(moves.items())}
+
+
+@dataclass(eq=False)
+class Migration:
+    """A proactive migration of ``ranks`` (see the module docstring)."""
+
+    ranks: list[int]
+    reason: str
+    reply: Reply | None = None
+    name: str = "migrate"
+    stage: str = "start"
+    n: int = -1
+    gen: int = -1
+    moves: dict[int, Spare] = field(default_factory=dict)
+    deadline: float = 0.0
+    started: float = 0.0
+    redone_by_peer: list[int] = field(default_factory=list)
+    ended: dict[str, str] = field(default_factory=dict)
+    """Stages that end the migration, with why (set when a spare dies)."""
+
+    def tick(self, c: Coordinator) -> bool:
+        now = c.clock()
+        if self.stage == "start":
+            return self._start(c, now)
+        if self.stage in self.ended:
+            return self._finish(c, False, self.ended[self.stage])
+        if self.stage == "arrive":
+            arrived = c.store.add(keys.ctl(self.n, "arrived"), 0)
+            adopted = [s.id for s in self.moves.values() if c.store.check([keys.adopted(s.id)])]
+            if arrived >= c.world_size and len(adopted) == len(self.moves):
+                keys.put(c.store, keys.ctl(self.n, "decision"), "go")
+                self.stage, self.deadline = "hand", now + c.timeouts.form_s
+            elif now > self.deadline:
+                keys.put(c.store, keys.ctl(self.n, "decision"), "abort")
+                return self._finish(c, False, f"not all there in {c.timeouts.arrive_s:g} s: {arrived} of "
+                                              f"{c.world_size} ranks at the step, spares ready {adopted}; "
+                                              "nothing changed")
+            return False
+        if self.stage == "hand":
+            for rank in self.ranks:
+                left = keys.peek(c.store, keys.ctl(self.n, f"left/{rank}"))
+                if left is not None and not left.get("ok"):
+                    keys.put(c.store, keys.ctl(self.n, "final"), {"kind": "stay"})
+                    return self._finish(c, False, f"rank {rank} could not hand over its state "
+                                                  f"({left.get('error')}); it stays, the generation is kept")
+            if all(self.leaving_ok(c, r) for r in self.ranks):
+                self.stage = "form"
+        if c.store.add(keys.ready(self.gen), 0) >= c.world_size:
+            c.formed(self.gen, self.moves)
+            via = f"; rank {self.redone_by_peer} from a peer after a spare died" if self.redone_by_peer else ""
+            return self._finish(c, True, f"ranks {self.ranks} moved to spares {_moves_doc(self.moves)} at the same "
+                                         f"step (generation {self.gen}){via}")
+        if now > self.deadline:
+            c.fallback(f"migration of ranks {self.ranks}: generation {self.gen} did not form in "
+                       f"{c.timeouts.form_s:g} s", gen=self.gen)
+            return self._finish(c, False, f"generation {self.gen} did not form; fell back")
+        return False
+
+    def _start(self, c: Coordinator, now: float) -> bool:
+        spares = c.pick(len(self.ranks), avoid={c.slots[r].node for r in self.ranks})
+        if spares is None:
+            return self._finish(c, False, f"no spare ready for ranks {self.ranks}")
+        self.started, self.deadline = now, now + c.timeouts.arrive_s
+        self.gen = c.next_generation()
+        self.n = c.store.add(keys.CTL_SEQ, 0)  # the number the command gets: only the coordinator issues them
+        self.moves = dict(zip(self.ranks, spares, strict=True))
+        for rank, spare in self.moves.items():
+            c.assign(spare, rank=rank, gen=self.gen, tag=f"m{self.gen}", seq=self.n + 1)
+        got = c.command({"kind": "migrate", "ranks": _moves_doc(self.moves), "gen": self.gen, "tag": f"m{self.gen}",
+                         "reason": self.reason})
+        assert got == self.n
+        c.note("migration_started", ranks=self.ranks, spares=_moves_doc(self.moves), generation=self.gen,
+               reason=self.reason)
+        self.stage = "arrive"
+        return False
+
+    def leaving_ok(self, c: Coordinator, rank: int) -> bool:
+        """True once ``rank`` handed its state over (its exit is then the plan)."""
+        if rank not in self.ranks or self.n < 0:
+            return False
+        left = keys.peek(c.store, keys.ctl(self.n, f"left/{rank}"))
+        return bool(left and left.get("ok"))
+
+    def spare_died(self, c: Coordinator, spare: Spare) -> None:
+        rank = next((r for r, s in self.moves.items() if s is spare), None)
+        if rank is None:
+            return
+        if self.stage == "arrive":
+            keys.put(c.store, keys.ctl(self.n, "decision"), "abort")
+            self.stage = "aborted"
+            self.ended["aborted"] = f"spare {spare.id} died before the hand-over; nothing changed"
+            return
+        if not self.leaving_ok(c, rank):
+            return  # the leaving rank's send fails and it stays ("hand" sees that)
+        # The state left with the rank and died with the spare: a peer at the same boundary has it.
+        others = c.pick(1, avoid={spare.node})
+        if others is None:
+            why = f"spare {spare.id} died after rank {rank} handed over, and no other spare is ready"
+            c.fallback(why, gen=self.gen)
+            self.stage = "fallen_back"
+            self.ended["fallen_back"] = why
+            return
+        old, self.gen = self.gen, c.next_generation()
+        self.moves[rank] = others[0]
+        self.redone_by_peer.append(rank)
+        donor = min(r for r in range(c.world_size) if r not in self.ranks)
+        tag = f"m{self.gen}"
+        c.assign(others[0], rank=rank, gen=self.gen, tag=tag, seq=self.n + 1)
+        keys.put(c.store, keys.recover(old), {"kind": "replace", "gen": self.gen, "ranks": {str(rank): others[0].id},
+                                              "donor": donor, "tag": tag, "step": -1})
+        self.deadline = c.clock() + c.timeouts.form_s
+        c.note("migration_spare_replaced", rank=rank, dead=spare.id, spare=others[0].id, donor=donor,
+               generation=self.gen)
+
+    def abandon(self, c: Coordinator, why: str) -> bool:
+        """A rank was lost while this ran; returns whether to run it again later (never: the caller decides)."""
+        if self.stage in ("start", "arrive") and self.n >= 0:
+            keys.put(c.store, keys.ctl(self.n, "decision"), "abort")
+        elif self.stage in ("hand", "form"):
+            c.fallback(f"migration of ranks {self.ranks} interrupted: {why}", gen=self.gen)
+        self._finish(c, False, f"interrupted: {why}")
+        return False
+
+    def _finish(self, c: Coordinator, ok: bool, detail: str) -> bool:
+        if self.n >= 0:
+            c.command_done(self.n)
+        seconds = c.clock() - self.started if self.started else 0.0
+        c.note("migrated" if ok else "migration_failed", ranks=self.ranks, detail=detail, seconds=round(seconds, 3))
+        if self.reply is not None:
+            self.reply({"ok": ok, "detail": detail, "generation": c.generation, "seconds": seconds})
+            self.reply = None
+        return True
+
+
+@dataclass(eq=False)
+class Recovery:
+    """A reactive recovery of the ``lost`` ranks of the current generation (see the module docstring)."""
+
+    c: Coordinator = field(repr=False)
+    lost: set[int]
+    name: str = "recover"
+    stage: str = "reports"
+    gen: int = -1
+    plan_gen: int = -1
+    moves: dict[int, Spare] = field(default_factory=dict)
+    donor: int = -1
+    deadline: float = 0.0
+    started: float = 0.0
+    step: int = -1
+
+    def __post_init__(self) -> None:
+        self.gen, self.started = self.c.generation, self.c.clock()
+        self.deadline = self.started + self.c.timeouts.reports_s
+
+    def tick(self, c: Coordinator) -> bool:
+        if self.stage == "reports":
+            return self._plan(c)
+        if self.stage == "done":
+            return True
+        if c.store.add(keys.ready(self.plan_gen), 0) >= c.world_size:
+            c.formed(self.plan_gen, self.moves)
+            c.note("recovered", ranks=sorted(self.lost), spares=_moves_doc(self.moves), donor=self.donor,
+                   step=self.step, generation=self.plan_gen, seconds=round(c.clock() - self.started, 3))
+            return True
+        if c.clock() > self.deadline:
+            c.fallback(f"generation {self.plan_gen} did not form in {c.timeouts.form_s:g} s after losing ranks "
+                       f"{sorted(self.lost)}", gen=self.plan_gen)
+            return True
+        return False
+
+    def _plan(self, c: Coordinator) -> bool:
+        survivors = [r for r in range(c.world_size) if r not in self.lost]
+        reports = {r: keys.peek(c.store, keys.fail(self.gen, r)) for r in survivors}
+        missing = sorted(r for r, doc in reports.items() if doc is None)
+        ready = sum(1 for s in c.spares.values() if s.state == "ready")
+        if missing and c.clock() < self.deadline and ready >= len(self.lost):
+            return False
+        why = ""
+        steps = sorted({int(doc["step"]) for doc in reports.values() if doc is not None})
+        donors = sorted(r for r, doc in reports.items() if doc is not None and doc["phase"] == "pre")
+        if ready < len(self.lost):
+            why = f"no spare ready for ranks {sorted(self.lost)}"
+        elif not survivors:
+            why = "every rank is lost: no peer holds the state"
+        elif missing:
+            why = f"ranks {missing} did not report within {c.timeouts.reports_s:g} s"
+        elif len(steps) > 1:
+            why = f"the ranks stopped at different steps {steps}: no single step to redo"
+        elif self.lost and not donors:
+            why = "every surviving rank had already updated its model: no peer holds the lost ranks' state"
+        spares = c.pick(len(self.lost), avoid={c.slots[r].node for r in self.lost if r in c.slots}) \
+            if not why else None
+        if not why and spares is None:
+            why = f"no spare ready for ranks {sorted(self.lost)}"
+        if why:
+            c.fallback(f"cannot recover ranks {sorted(self.lost)}: {why}", gen=self.gen)
+            self.stage = "done"
+            return True
+        assert spares is not None
+        self.step, self.donor = steps[0], donors[0] if donors else -1
+        self.moves = dict(zip(sorted(self.lost), spares, strict=True))
+        self._post(c, self.gen, self.moves)
+        return False
+
+    def _post(self, c: Coordinator, leaving: int, moves: dict[int, Spare]) -> None:
+        """Assign ``moves``' spares and post the plan for leaving generation ``leaving``."""
+        self.plan_gen = c.next_generation()
+        tag = f"r{self.plan_gen}"
+        for rank, spare in moves.items():
+            c.assign(spare, rank=rank, gen=self.plan_gen, tag=tag, seq=c.oldest_open_command)
+        keys.put(c.store, keys.recover(leaving), {"kind": "replace", "gen": self.plan_gen,
+                                                  "ranks": _moves_doc(moves), "donor": self.donor,
+                                                  "tag": tag, "step": self.step})
+        self.stage, self.deadline = "form", c.clock() + c.timeouts.form_s
+        c.note("recovery_planned", ranks=sorted(self.lost), spares=_moves_doc(self.moves), donor=self.donor,
+               step=self.step, generation=self.plan_gen, at=time.time())
+
+    def spare_died(self, c: Coordinator, spare: Spare) -> None:
+        rank = next((r for r, s in self.moves.items() if s is spare), None)
+        if rank is None or self.stage != "form":
+            return
+        others = c.pick(1, avoid={spare.node})
+        if others is None:
+            c.fallback(f"spare {spare.id} died while taking rank {rank}, and no other spare is ready",
+                       gen=self.plan_gen)
+            self.stage = "done"
+            return
+        self.moves[rank] = others[0]
+        c.note("recovery_spare_replaced", rank=rank, dead=spare.id, spare=others[0].id)
+        self._post(c, self.plan_gen, {rank: others[0]})
+
+    def abandon(self, c: Coordinator, why: str) -> bool:
+        """Never called: a recovery widens instead (`Coordinator.lose`)."""
+        return False

@@ -37,6 +37,8 @@ PUMP_INTERVAL_S = 0.5
 LOOP_INTERVAL_S = 0.05
 SCHEDULABLE = frozenset({"set_link"})
 AGENT_GRACE_S = 1.0
+REFLEX_PEERS_FILE = "stable.json"
+"""Beside the probe peers file: each host's stable address, for the agents' reflex."""
 SERVER_GRACE_S = 2.0
 
 
@@ -67,10 +69,16 @@ def _idle_nics(nics: list[str]) -> Callable[[], Mapping[str, NicStats]]:
 
 def agent_env(host_dir: Path, peers_file: Path, clock_url: str = "") -> dict[str, str]:
     """What a lab host's agent reads besides its flags: fake GPUs, the job endpoint, the probe peers,
-    the clock service's corrections (``clock_url``, empty for none)."""
+    the clock service's corrections (``clock_url``, empty for none), the reflex and its peers file.
+
+    The reflex is off unless whoever brought the lab up set ``RIDETHROUGH_AGENT_REFLEX=true`` (the
+    reroute bench and tests do): agents inherit that environment. Off by default because on the lab's
+    two cores eight agents probing every 10 ms would crowd out everything else.
+    """
     sources = ["netdev", "infiniband"]
     env = {"RIDETHROUGH_AGENT_JOB_SOCKET": str(host_dir / "job.sock"),
-           "RIDETHROUGH_AGENT_PROBE_PEERS_FILE": str(peers_file)}
+           "RIDETHROUGH_AGENT_PROBE_PEERS_FILE": str(peers_file),
+           "RIDETHROUGH_AGENT_REFLEX_PEERS_FILE": str(peers_file.with_name(REFLEX_PEERS_FILE))}
     if clock_url:
         env["RIDETHROUGH_AGENT_CLOCK_CORRECTIONS_URL"] = clock_url
     if (host_dir / "gpus.json").exists():
@@ -158,6 +166,8 @@ class Supervisor:
         peers = self.dir / "peers.json"
         peers.write_text(json.dumps({h: {nic: n["ip"] for nic, n in i["nics"].items()}
                                      for h, i in self.state["hosts"].items()}))
+        stable = {h: i["stable_ip"] for h, i in self.state["hosts"].items()}  # what the reflex reroutes
+        (self.dir / REFLEX_PEERS_FILE).write_text(json.dumps(stable))
         port = self.state.get("clock_port")
         clock_url = f"http://{self.state['server_ip']}:{port}/clock/corrections" if port else ""
         for host, info in self.state["hosts"].items():

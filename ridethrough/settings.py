@@ -227,10 +227,47 @@ class AgentConfig:
         "Timeout of one export to the gateway, in seconds.", min=0.01))
     buffer_max_batches: int = field(default=300, metadata=_help(
         "Batches kept while the gateway is away; the oldest are dropped beyond this.", min=1))
+    # The reflex rewrites this host's routing table (it needs CAP_NET_ADMIN, the probe responder
+    # on every peer and a multi-rail host whose stable addresses it may override), so turning it
+    # on is a deployment decision: off by default, on in the lab (`ridethrough.lab.supervisor`).
+    reflex: bool = field(default=False, metadata=_help(
+        "Run the link reflex: move a peer's traffic off a rail whose probes fail, within ~100 ms, and back "
+        "after the hold-down (needs CAP_NET_ADMIN, probe_peers_file and reflex_peers_file)."))
+    reflex_peers_file: str = field(default="", metadata=_help(
+        "Each peer's stable address (what its jobs bind to), JSON {node: \"ip\"}; re-read when it changes."))
+    reflex_watch: str = field(default="active", metadata=_help(
+        "Peers the reflex probes: 'active' (those this host has TCP connections to, for a minute after) or "
+        "'all'.", choices=("active", "all")))
+    reflex_interval_ms: float = field(default=10.0, metadata=_help(
+        "Milliseconds between liveness probes on each rail to each watched peer.", min=1.0, max=1000.0))
+    reflex_max_probes_per_s: float = field(default=500.0, metadata=_help(
+        "Most liveness probes a second in all: with many watched rails and peers, each is probed less often "
+        "than reflex_interval_ms (and failures are noticed later) rather than the cost growing.", min=10.0))
+    reflex_timeout_ms: float = field(default=30.0, metadata=_help(
+        "Shortest wait, in ms, for a liveness probe's reply before it counts as lost; the wait follows the round "
+        "trips seen (srtt + 4 x rttvar, as TCP's RTO), up to 250 ms.", min=1.0, max=250.0))
+    reflex_losses: int = field(default=2, metadata=_help(
+        "Bad probes in a row on one source port (lost or slower than reflex_delay_ms) that take a rail down; "
+        "the second is sent as soon as the first fails.", min=1, max=100))
+    reflex_delay_ms: float = field(default=10.0, metadata=_help(
+        "Network round trip (the responder's turnaround left out) above which a probe counts as bad.", min=0.01))
+    reflex_holddown_s: float = field(default=2.0, metadata=_help(
+        "Seconds a failed rail must answer without a bad probe before traffic returns to it.", min=0.01))
+    reflex_holddown_max_s: float = field(default=60.0, metadata=_help(
+        "A rail failing again within this many seconds of its return waits twice as long next time, up to "
+        "this (flap damping; equal to reflex_holddown_s turns damping off).", min=0.01))
+    reflex_flows: int = field(default=16, metadata=_help(
+        "Source ports each NIC probes from, in turn, so every spine behind a rail is hashed to.", min=1, max=256))
+    reflex_rto_min_ms: int = field(default=50, metadata=_help(
+        "TCP's minimum retransmission timeout locked on rerouted routes, in ms (0: the kernel's 200 ms).",
+        min=0, max=10_000))
 
     def __post_init__(self) -> None:
         # direct construction may pass a plain dict; keep the config immutable and hashable
         object.__setattr__(self, "labels", FrozenMap(self.labels))
+        if self.reflex_holddown_max_s < self.reflex_holddown_s:
+            raise ValueError(f"reflex_holddown_max_s ({self.reflex_holddown_max_s}) must not be below "
+                             f"reflex_holddown_s ({self.reflex_holddown_s})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

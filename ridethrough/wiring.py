@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import start_http_server
@@ -26,6 +26,7 @@ from ridethrough import catalogue
 from ridethrough.collector.agent import Agent, AgentIdentity
 from ridethrough.collector.clock import Clock, ScriptedClock
 from ridethrough.collector.registry import build_sources
+from ridethrough.collector.timestamps import HostTime
 from ridethrough.controller_wiring import ControllerParts, build_controller
 from ridethrough.detectors.controller import Controller, ControllerMetrics
 from ridethrough.detectors.live import LiveFeed
@@ -48,6 +49,9 @@ from ridethrough.settings import (
     ServerConfig,
     parse_hostport,
 )
+
+if TYPE_CHECKING:
+    from ridethrough.actuators.reflex import Reflex
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +176,30 @@ def build_agent(cfg: AgentConfig) -> Agent:
     identity = AgentIdentity(node_id=cfg.node_id, host_name=host_name, cluster=cfg.cluster,
                              rack=cfg.rack, pod=cfg.pod, labels=dict(cfg.labels))
     clock: Clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else time.time_ns
-    return Agent(identity=identity, sources=build_sources(cfg), gateway=cfg.gateway,
+    sources = build_sources(cfg)
+    if cfg.reflex:  # a background part of the agent: started, stopped and given the event sink with the sources
+        sources.append(build_reflex(cfg, identity=identity, clock=clock))
+    return Agent(identity=identity, sources=sources, gateway=cfg.gateway,
                  export_interval_s=cfg.export_interval_s, export_timeout_s=cfg.export_timeout_s,
                  buffer_max_batches=cfg.buffer_max_batches, clock=clock, max_series=cfg.max_series,
                  prometheus_listen=cfg.prometheus_listen,
                  descriptions={m.name: m.description for m in catalogue.metrics()})
+
+
+def build_reflex(cfg: AgentConfig, *, identity: AgentIdentity, clock: Clock) -> Reflex:
+    """The agent's link reflex; its spans go to the gateway over OTLP, like the agent's events."""
+    # Only an agent with the reflex pays for netlink's and the tracing SDK's imports.
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from ridethrough.actuators.reflex import from_config as reflex_from_config
+
+    provider = TracerProvider(resource=identity.resource())
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+        endpoint=cfg.gateway, insecure=True, timeout=cfg.export_timeout_s)))
+    host_time = HostTime(clock) if cfg.clock_script else None  # probe times on the host's (lab) clock
+    return reflex_from_config(cfg, host_time=host_time, clock=clock, tracer_provider=provider)
 
 
 @dataclass

@@ -180,7 +180,8 @@ class Agent:
     def __init__(self, *, identity: AgentIdentity, sources: Sequence[Source], gateway: str,
                  export_interval_s: float = 1.0, export_timeout_s: float = 5.0,
                  buffer_max_batches: int = 300, clock: Clock = time.time_ns, max_series: int = 100_000,
-                 prometheus_listen: str = "", descriptions: Mapping[str, str] | None = None) -> None:
+                 prometheus_listen: str = "", descriptions: Mapping[str, str] | None = None,
+                 headers: Sequence[tuple[str, str]] = ()) -> None:
         self._sources = list(sources)
         self._clock = clock
         self._snapshot = Snapshot(max_series=max_series)
@@ -202,11 +203,13 @@ class Agent:
             read=self.samples, resource=self._resource.attributes, scope=SCOPE,
             descriptions=self._descriptions)) if prometheus_listen else None
         self._encoder = SampleEncoder(resource=self._resource, scope=SCOPE, descriptions=self._descriptions)
-        self.exporter = BufferingMetricExporter(OTLPBytesExporter(endpoint=gateway, timeout_s=export_timeout_s),
-                                                max_batches=buffer_max_batches)
+        # ``headers``: call metadata for every export, e.g. the ingest bearer token
+        self.exporter = BufferingMetricExporter(
+            OTLPBytesExporter(endpoint=gateway, timeout_s=export_timeout_s, headers=headers),
+            max_batches=buffer_max_batches)
         self._logs = LoggerProvider(resource=self._resource)
         self._logs.add_log_record_processor(BatchLogRecordProcessor(
-            OTLPLogExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s)))
+            OTLPLogExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s, headers=dict(headers))))
         self._events = self._logs.get_logger(SCOPE)
         self._thread = threading.Thread(target=self._run, name="rt-agent-collect", daemon=True)
         self._exporting = threading.Thread(target=self._export_loop, name="rt-agent-export", daemon=True)

@@ -182,6 +182,9 @@ class AgentConfig:
 
     gateway: str = field(default="127.0.0.1:4317", metadata=_help(
         "Gateway OTLP/gRPC address, HOST:PORT.", check=parse_hostport))
+    ingest_token_file: str = field(default="", metadata=_help(
+        "File holding this node's ingest bearer token (a mounted Secret), read once at start and sent "
+        "with every export; empty: none."))
     node_id: str = field(default="", metadata=_help("This node's identity; empty means the host name."))
     cluster: str = field(default="default", metadata=_help("Cluster this node belongs to."))
     rack: str = field(default="", metadata=_help("Rack of this node; empty if unknown."))

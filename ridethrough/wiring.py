@@ -14,7 +14,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from ridethrough.exporters.clock_http import ClockEndpoint
 from ridethrough.exporters.clock_service import ClockService
 from ridethrough.exporters.gateway import OtlpReceiver, ServerOptions, build_server
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
-from ridethrough.exporters.ingest_auth import IngestAuth, server_credentials
+from ridethrough.exporters.ingest_auth import IngestAuth, bearer_metadata, server_credentials
 from ridethrough.exporters.pagerduty_config import PagerDutyConfig
 from ridethrough.exporters.pipeline import BatchPolicy, Pipeline
 from ridethrough.exporters.rows import Limits, Rows
@@ -176,17 +176,30 @@ def build_agent(cfg: AgentConfig) -> Agent:
     identity = AgentIdentity(node_id=cfg.node_id, host_name=host_name, cluster=cfg.cluster,
                              rack=cfg.rack, pod=cfg.pod, labels=dict(cfg.labels))
     clock: Clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else time.time_ns
+    headers = bearer_metadata(read_token(cfg.ingest_token_file)) if cfg.ingest_token_file else ()
     sources = build_sources(cfg)
     if cfg.reflex:  # a background part of the agent: started, stopped and given the event sink with the sources
-        sources.append(build_reflex(cfg, identity=identity, clock=clock))
+        sources.append(build_reflex(cfg, identity=identity, clock=clock, headers=headers))
     return Agent(identity=identity, sources=sources, gateway=cfg.gateway,
                  export_interval_s=cfg.export_interval_s, export_timeout_s=cfg.export_timeout_s,
                  buffer_max_batches=cfg.buffer_max_batches, clock=clock, max_series=cfg.max_series,
                  prometheus_listen=cfg.prometheus_listen,
-                 descriptions={m.name: m.description for m in catalogue.metrics()})
+                 descriptions={m.name: m.description for m in catalogue.metrics()}, headers=headers)
 
 
-def build_reflex(cfg: AgentConfig, *, identity: AgentIdentity, clock: Clock) -> Reflex:
+def read_token(path: str) -> str:
+    """The one token in ``path`` (surrounding whitespace dropped); ValueError naming the file, never the token."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"ingest_token_file {path}: cannot read it ({type(exc).__name__})") from None
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"ingest_token_file {path}: expected one token on one line")
+    return token
+
+
+def build_reflex(cfg: AgentConfig, *, identity: AgentIdentity, clock: Clock,
+                 headers: Sequence[tuple[str, str]] = ()) -> Reflex:
     """The agent's link reflex; its spans go to the gateway over OTLP, like the agent's events."""
     # Only an agent with the reflex pays for netlink's and the tracing SDK's imports.
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -197,7 +210,7 @@ def build_reflex(cfg: AgentConfig, *, identity: AgentIdentity, clock: Clock) -> 
 
     provider = TracerProvider(resource=identity.resource())
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-        endpoint=cfg.gateway, insecure=True, timeout=cfg.export_timeout_s)))
+        endpoint=cfg.gateway, insecure=True, timeout=cfg.export_timeout_s, headers=dict(headers))))
     host_time = HostTime(clock) if cfg.clock_script else None  # probe times on the host's (lab) clock
     return reflex_from_config(cfg, host_time=host_time, clock=clock, tracer_provider=provider)
 

@@ -11,7 +11,9 @@ crashed supervisor left behind), and a straggler is a CPU quota on ``{host}/jobs
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 from pathlib import Path
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
@@ -60,21 +62,37 @@ def procs(path: Path) -> list[int]:
     return out
 
 
-def remove_tree(path: Path) -> list[str]:
-    """Remove a cgroup and those below it (deepest first); returns the ones that would not go."""
+def remove_tree(path: Path, *, wait_s: float = 5.0) -> list[str]:
+    """Remove a cgroup and those below it (deepest first); returns the ones that would not go.
+
+    A cgroup whose last processes are still exiting refuses removal (EBUSY) for a moment,
+    longer on a busy machine: those are retried for up to ``wait_s``.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        failed, busy = _remove_once(path)
+        if not busy or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(OSError):  # the shared parent goes with the last lab (busy otherwise)
+        os.rmdir(path.parent)
+    return failed
+
+
+def _remove_once(path: Path) -> tuple[list[str], bool]:
     failed: list[str] = []
+    busy = False
     if not path.is_dir():
-        return failed
+        return failed, busy
     for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda w: -len(w[0])):
         try:
             os.rmdir(dirpath)
         except FileNotFoundError:
             pass
         except OSError as exc:
+            busy = busy or exc.errno == errno.EBUSY
             failed.append(f"{dirpath}: {exc.strerror}")
-    with contextlib.suppress(OSError):  # the shared parent goes with the last lab (busy otherwise)
-        os.rmdir(path.parent)
-    return failed
+    return failed, busy
 
 
 def set_cpu_fraction(path: Path, fraction: float | None) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute
+from pyroute2 import config as pyroute2_config
 from pyroute2 import netns as _netns
 from pyroute2.netlink import NLM_F_REQUEST, nlmsg
 from pyroute2.netlink.exceptions import NetlinkError
@@ -28,6 +29,10 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from ridethrough.lab.control import LabError
 from ridethrough.lab.routing import OPTIONAL_SYSCTLS, NodePlan, Route
+
+# pyroute2 runs each namespace's netlink socket in a forked helper and gives up on it after 2 s
+# without an answer; a lab on a busy 2-core machine can take longer than that just to be scheduled.
+pyroute2_config.default_communicate_timeout = max(pyroute2_config.default_communicate_timeout, 30)
 
 NETNS_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000

@@ -147,15 +147,12 @@ class ActionRecord:
 
 def actions_ddl(*, cluster: str = "") -> Iterator[str]:
     """The statements that create ``actions`` (``_local`` + Distributed when clustered)."""
-    yield schema.create_table_sql(ACTIONS, cluster=cluster)
-    if cluster:
-        yield schema.create_distributed_sql(ACTIONS, cluster=cluster)
+    return schema.domain_ddl(ACTIONS, cluster=cluster)
 
 
 def ensure_actions_table(store: Store) -> None:
     """Create ``actions`` if it is missing (idempotent)."""
-    for statement in actions_ddl(cluster=store.cluster):
-        store.command(statement)
+    store.ensure_table(ACTIONS)
 
 
 _TIMES = frozenset(c.name for c in ACTIONS.columns if c.type == _TIME)

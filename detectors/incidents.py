@@ -156,15 +156,12 @@ class Transition:
 
 def incidents_ddl(*, cluster: str = "") -> Iterator[str]:
     """The statements that create ``incidents`` (``_local`` + Distributed when clustered)."""
-    yield schema.create_table_sql(INCIDENTS, cluster=cluster)
-    if cluster:
-        yield schema.create_distributed_sql(INCIDENTS, cluster=cluster)
+    return schema.domain_ddl(INCIDENTS, cluster=cluster)
 
 
 def ensure_incidents_table(store: Store) -> None:
     """Create ``incidents`` if it is missing (idempotent)."""
-    for statement in incidents_ddl(cluster=store.cluster):
-        store.command(statement)
+    store.ensure_table(INCIDENTS)
 
 
 def new_trace_id() -> str:

@@ -368,6 +368,14 @@ def _nested_definitions(table: Table) -> list[str]:
     return [f"    {parent} Nested ({', '.join(parts)}) {_Z}" for parent, parts in groups.items()]
 
 
+def domain_ddl(table: Table, *, cluster: str = "") -> Iterator[str]:
+    """The statements that create one of the project's own tables (incidents, actions, lab truth,
+    audits): the table, or ``<name>_local`` + its Distributed table when clustered."""
+    yield create_table_sql(table, cluster=cluster)
+    if cluster:
+        yield create_distributed_sql(table, cluster=cluster)
+
+
 def create_distributed_sql(table: Table, *, cluster: str) -> str:
     """The Distributed table that fronts ``<name>_local`` on every shard."""
     return (

@@ -125,6 +125,11 @@ class Store:
             self.command(statement)
         return len(statements)
 
+    def ensure_table(self, table: schema.Table) -> None:
+        """Create one of the project's own tables if it is missing (idempotent; ``ON CLUSTER`` when clustered)."""
+        for statement in schema.domain_ddl(table, cluster=self.cluster):
+            self.command(statement)
+
     def command(self, sql: str) -> Any:
         """Run one statement that returns no rows (DDL)."""
         return self._call(lambda c: c.command(sql))

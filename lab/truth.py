@@ -70,15 +70,12 @@ should report (``link_errors``), ``Effect`` one of failure/precursor/degradation
 
 def truth_ddl(*, cluster: str = "") -> Iterator[str]:
     """The statements that create ``lab_truth`` (``_local`` + Distributed when clustered)."""
-    yield schema.create_table_sql(TRUTH, cluster=cluster)
-    if cluster:
-        yield schema.create_distributed_sql(TRUTH, cluster=cluster)
+    return schema.domain_ddl(TRUTH, cluster=cluster)
 
 
 def ensure_truth_table(store: Store) -> None:
     """Create ``lab_truth`` if it is missing (idempotent; ``ON CLUSTER`` for a clustered store)."""
-    for statement in truth_ddl(cluster=store.cluster):
-        store.command(statement)
+    store.ensure_table(TRUTH)
 
 
 def truth_columns(*, lab: str, scenario: Scenario, run_id: str, result: RunResult) -> list[list[Any]]:

@@ -52,15 +52,12 @@ AUDITS = Table(
 
 def audits_ddl(*, cluster: str = "") -> Iterator[str]:
     """The statements that create ``audits`` (``_local`` + Distributed when clustered)."""
-    yield schema.create_table_sql(AUDITS, cluster=cluster)
-    if cluster:
-        yield schema.create_distributed_sql(AUDITS, cluster=cluster)
+    return schema.domain_ddl(AUDITS, cluster=cluster)
 
 
 def ensure_audits_table(store: Store) -> None:
     """Create ``audits`` if it is missing (idempotent)."""
-    for statement in audits_ddl(cluster=store.cluster):
-        store.command(statement)
+    store.ensure_table(AUDITS)
 
 
 def summary(result: AuditResult) -> str:

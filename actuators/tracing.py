@@ -31,7 +31,7 @@ from ridethrough.actuators.plugins import invoke
 from ridethrough.detectors.incident_events import SERVICE, root_span_id
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.pipeline import write_requests
-from ridethrough.exporters.rows import Limits, Rejections, kv
+from ridethrough.exporters.rows import Limits, kv, strict
 from ridethrough.exporters.signals import Signal
 from ridethrough.exporters.store import Store
 
@@ -179,11 +179,6 @@ def spans_request(spans: Sequence[SpanData]) -> ExportTraceServiceRequest:
     return req
 
 
-def _no_rejections(rej: Rejections) -> None:
-    if rej.count:
-        raise ValueError(f"action spans rejected by the converter: {rej.message()}")
-
-
 class SpanWriter:
     """Writes finished spans into ``otel_traces``; a retried write of the same spans is a no-op."""
 
@@ -198,7 +193,7 @@ class SpanWriter:
         ids = ",".join(sorted(s.context.span_id for s in spans))
         token = hashlib.sha256(f"action-spans:{ids}".encode()).hexdigest()
         write_requests(self._store, [(Signal.TRACES, spans_request(spans))], token=token, metrics=self._metrics,
-                       limits=_LIMITS, check=_no_rejections)
+                       limits=_LIMITS, check=strict("action spans"))
 
 
 def run_phase(trace: ActionTrace, name: str, call: Callable[[Deadline], Result], *, timeout_s: float,

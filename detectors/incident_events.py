@@ -23,7 +23,7 @@ from ridethrough.detectors.contract import Severity
 from ridethrough.detectors.incidents import Transition, TransitionKind
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.pipeline import write_requests
-from ridethrough.exporters.rows import Limits, Rejections, kv
+from ridethrough.exporters.rows import Limits, kv, strict
 from ridethrough.exporters.signals import Signal
 from ridethrough.exporters.store import Store
 
@@ -101,11 +101,6 @@ def traces_request(transitions: Sequence[Transition]) -> ExportTraceServiceReque
     return req
 
 
-def _no_rejections(rej: Rejections) -> None:
-    if rej.count:
-        raise ValueError(f"incident events rejected by the converter: {rej.count}")
-
-
 class IncidentEmitter:
     """``emit`` for the `Controller`: writes the transitions' log records and spans into the store."""
 
@@ -124,4 +119,4 @@ class IncidentEmitter:
         token = "incident-events:" + ",".join(sorted(f"{t.incident.incident_id}:{t.incident.version}"
                                                      for t in transitions))
         write_requests(self._store, requests, token=hashlib.sha256(token.encode()).hexdigest(),
-                       metrics=self._metrics, limits=_LIMITS, check=_no_rejections)
+                       metrics=self._metrics, limits=_LIMITS, check=strict("incident events"))

@@ -10,7 +10,7 @@ import base64
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,14 @@ class Rejections:
         """A short human-readable summary, most frequent reasons first."""
         parts = [f"{n} {reason}" for reason, n in self.reasons.most_common(limit)]
         return "rejected: " + "; ".join(parts) if parts else ""
+
+
+def strict(what: str) -> Callable[[Rejections], None]:
+    """A ``check`` for requests the project builds itself: any rejection is a bug, raised as ValueError."""
+    def check(rej: Rejections) -> None:
+        if rej.count:
+            raise ValueError(f"{what} rejected by the converter: {rej.message()}")
+    return check
 
 
 class InvalidItem(Exception):

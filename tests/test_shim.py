@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import json
 import re
 import shutil
 import socket
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -283,6 +285,26 @@ def test_a_stalled_collective_gives_up_when_the_coordinator_says_a_member_is_gon
     group.allreduce([t])
     assert reasons == ["allreduce in generation 0: the coordinator is replacing a rank"]
     assert t.tolist() == [2.0, 2.0]
+
+
+def test_shutdown_drops_finished_backends_and_keeps_one_a_collective_is_stuck_on() -> None:
+    # A backend left to the interpreter's finalisation can abort the process at exit; one whose
+    # collective never finished must not be destroyed (its destructor would wait on the frozen peer).
+    backends = {0: _Backend(0, 2, stalls=10**6), 1: _Backend(1, 2), 2: _Backend(2, 2)}
+    lost: set[int] = set()
+    group = _group(backends, lambda g, reason: g.swap(g.generation + 1), abandoned=lambda gen: gen in lost)
+    lost.add(0)
+    group.allreduce([torch.ones(1)])  # stuck on generation 0, replayed on 1
+    group.swap(2)  # a later, clean re-forming
+    refs = {gen: weakref.ref(b) for gen, b in backends.items()}
+    backends.clear()
+    gc.collect()
+    assert all(r() is not None for r in refs.values())  # in use or retired: nothing destroyed mid-job
+    group.shutdown()
+    gc.collect()
+    assert refs[0]() is not None and refs[1]() is None and refs[2]() is None
+    group.shutdown()  # again, at exit: harmless
+    assert group.local
 
 
 def test_when_the_job_cannot_go_on_the_script_sees_the_error() -> None:

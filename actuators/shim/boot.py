@@ -13,6 +13,7 @@ A spare parks here, before its script starts, until it is given a rank.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -61,6 +62,8 @@ def boot(environ: MutableMapping[str, str]) -> Runtime:
     if cfg.role == "spare":
         warm_up()
     install(runtime)
+    # Registered before the script runs, so it runs after the script's own exit handlers.
+    atexit.register(runtime.close)
     if cfg.role == "spare":
         runtime.park()
     elif cfg.resume:

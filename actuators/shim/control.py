@@ -196,6 +196,11 @@ class Runtime:
         self._writers = [t for t in self._writers if t.is_alive()] + [thread]
         thread.start()
 
+    def close(self) -> None:
+        """At the process's exit: drop the group's backends while the interpreter is whole (see `shutdown`)."""
+        if self.group is not None:
+            self.group.shutdown()
+
     def wait_writes(self, timeout_s: float) -> None:
         """Let snapshot writes in flight finish (before this process leaves)."""
         for t in self._writers:

@@ -139,6 +139,8 @@ class ResilientGroup(dist.ProcessGroup):
         self._inner: Any = None
         self._log: list[_Op] = []
         self._retired: list[Any] = []
+        self._unfinished: set[int] = set()
+        """``id``s of backends left with a collective that did not finish (kept alive until exit)."""
         self._lock = threading.RLock()
         self.replays = 0
         """Steps replayed after a failure (for tests and logs)."""
@@ -165,13 +167,23 @@ class ResilientGroup(dist.ProcessGroup):
             self._log.clear()
 
     def shutdown(self) -> None:
+        """Drop the backends now, while the interpreter is whole (``destroy_process_group``, or at exit).
+
+        A gloo backend left for the interpreter's finalisation can abort the process
+        ("terminate called without an active exception") as its worker threads let go of their
+        last objects. Each backend whose collectives all finished is destroyed here (its idle
+        workers join at once); one left with an unfinished collective stays: its destructor would
+        wait on a frozen peer until the backend's own timeout.
+        """
         with self._lock:
             old, self._inner = self._inner, None
-        self._retire(old)
+            self._retire(old)
+            self._retired = [b for b in self._retired if id(b) in self._unfinished]
+            self._log.clear()
 
     def _retire(self, backend: Any) -> None:
-        # Kept, not destroyed: a backend's destructor joins its worker threads, and one stuck on a
-        # frozen peer's socket would block us until the backend's own timeout. A few per job's life.
+        # Kept, not destroyed, until `shutdown`: a backend's destructor joins its worker threads, and
+        # one stuck on a frozen peer's socket would block the step until the backend's own timeout.
         if backend is not None:
             self._retired.append(backend)
 
@@ -237,9 +249,9 @@ class ResilientGroup(dist.ProcessGroup):
 
     def _complete(self, op: _Op) -> None:
         """Issue ``op`` on the current backend and wait for it in slices; `CollectiveFailed` if it cannot finish."""
-        gen = self.generation
+        gen, inner = self.generation, self._inner
         try:
-            work = op.issue(self._inner)
+            work = op.issue(inner)
         except RuntimeError as exc:
             raise CollectiveFailed(f"{op.name} in generation {gen} could not start: {exc}") from exc
         started = time.monotonic()
@@ -250,11 +262,14 @@ class ResilientGroup(dist.ProcessGroup):
                 return
             except RuntimeError as exc:
                 if not any(s in str(exc) for s in _TIMED_OUT):
+                    self._unfinished.add(id(inner))
                     raise CollectiveFailed(f"{op.name} in generation {gen} failed: {_first_line(exc)}") from exc
             waited = time.monotonic() - started
             if self._abandoned(gen):
+                self._unfinished.add(id(inner))
                 raise CollectiveFailed(f"{op.name} in generation {gen}: the coordinator is replacing a rank")
             if waited > self._timeout_s:
+                self._unfinished.add(id(inner))
                 raise CollectiveFailed(f"{op.name} in generation {gen} stalled for {waited:.0f} s")
 
 

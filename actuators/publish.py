@@ -40,7 +40,7 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ridethrough.checkpoint import BlobEntry, CheckpointCorrupt, aligned, dtype_name
+from ridethrough.checkpoint_format import BlobEntry, CheckpointCorrupt, aligned, dtype_name
 
 if TYPE_CHECKING:
     import torch

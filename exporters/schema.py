@@ -21,7 +21,7 @@ The 1-minute rollups that dashboards and slow detectors read are in `schema_clus
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -374,6 +374,23 @@ def domain_ddl(table: Table, *, cluster: str = "") -> Iterator[str]:
     yield create_table_sql(table, cluster=cluster)
     if cluster:
         yield create_distributed_sql(table, cluster=cluster)
+
+
+def add_columns_sql(table: Table, present: Iterable[str], *, cluster: str = "") -> list[str]:
+    """The ALTERs that bring a table created by an older version up to ``table``: each column it lacks,
+    added with its type and default (rows written before read the default), on ``<name>_local`` and
+    the Distributed table when clustered. Columns are only ever added, never changed or dropped."""
+    have = set(present)
+    missing = [c for c in table.columns if "." not in c.name and c.name not in have]
+    if not missing:
+        return []
+
+    def alter(name: str, *, storage: bool) -> str:  # a Distributed table stores nothing: type only, no codec
+        adds = (f"ADD COLUMN IF NOT EXISTS {c.name} {c.type} {c.extra if storage else ''}".rstrip() for c in missing)
+        return f"ALTER TABLE {quote(name)}{_on_cluster(cluster)} " + ", ".join(adds)
+    if cluster:
+        return [alter(f"{table.name}_local", storage=True), alter(table.name, storage=False)]
+    return [alter(table.name, storage=True)]
 
 
 def create_distributed_sql(table: Table, *, cluster: str) -> str:

@@ -126,8 +126,14 @@ class Store:
         return len(statements)
 
     def ensure_table(self, table: schema.Table) -> None:
-        """Create one of the project's own tables if it is missing (idempotent; ``ON CLUSTER`` when clustered)."""
+        """Create one of the project's own tables if it is missing, or add the columns an older version's
+        table lacks (idempotent; ``ON CLUSTER`` when clustered)."""
         for statement in schema.domain_ddl(table, cluster=self.cluster):
+            self.command(statement)
+        local = f"{table.name}_local" if self.cluster else table.name
+        _, rows = self.query("SELECT name FROM system.columns "
+                             "WHERE database = currentDatabase() AND table = {t:String}", parameters={"t": local})
+        for statement in schema.add_columns_sql(table, (r[0] for r in rows), cluster=self.cluster):
             self.command(statement)
 
     def command(self, sql: str) -> Any:

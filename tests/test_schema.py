@@ -117,3 +117,28 @@ def test_counter_rollup_keeps_first_and_last_of_each_minute(store: Store) -> Non
     _, rows = store.query("SELECT toUnixTimestamp(Minute), argMinMerge(First), argMaxMerge(Last), sum(Count) "
                           "FROM otel_metrics_sum_1m GROUP BY Minute ORDER BY Minute")
     assert [tuple(r) for r in rows] == [(1_767_225_600, 5.0, 7.0, 3), (1_767_225_660, 9.0, 9.0, 1)]
+
+
+def test_ensure_table_adds_the_columns_an_older_version_created_without(tmp_path: Path) -> None:
+    new = schema.Table("upgraded", (schema.Column("Id", "String"), schema.Column("Status", "LowCardinality(String)"),
+                                    schema.Column("Params", "Map(String, String)"),
+                                    schema.Column("Recoveries", "UInt8")),
+                       (), "tuple()", "Id", "Id")
+    old = schema.Table("upgraded", new.columns[:2], (), "tuple()", "Id", "Id")
+    s = Store(f"chdb://{tmp_path / 'store'}")
+    try:
+        s.command(schema.create_table_sql(old))
+        s.command("INSERT INTO upgraded (Id, Status) VALUES ('a', 'succeeded')")
+        s.ensure_table(new)
+        s.ensure_table(new)  # once up to date, nothing more to add
+        s.insert_columns(new, [["b"], ["applying"], [{"k": "v"}], [1]], token="t1")
+        _, rows = s.query("SELECT Id, Status, Params, Recoveries FROM upgraded ORDER BY Id")
+        assert rows == [("a", "succeeded", {}, 0), ("b", "applying", {"k": "v"}, 1)]
+    finally:
+        s.close()
+    assert schema.add_columns_sql(new, ["Id", "Status", "Params", "Recoveries"]) == []
+    clustered = schema.add_columns_sql(new, ["Id", "Status"], cluster="c1")
+    assert [q.split(" ON CLUSTER")[0] for q in clustered] == ["ALTER TABLE `upgraded_local`", "ALTER TABLE `upgraded`"]
+    assert "ADD COLUMN IF NOT EXISTS Params Map(String, String) CODEC" in clustered[0]
+    assert clustered[1].endswith("ADD COLUMN IF NOT EXISTS Params Map(String, String), "
+                                 "ADD COLUMN IF NOT EXISTS Recoveries UInt8")

@@ -2,10 +2,19 @@
 
 One row per version of an action (``ReplacingMergeTree(Version)``, like ``incidents``): a
 decision writes version 1 (``refused``, ``dry_run``, ``awaiting_approval``, ``applying`` or
-``failed`` when planning itself failed), and each later phase writes the next. A restarted
-runner reads the newest version of each action to know which plans were already decided
-(idempotency), when each entity was last acted on (cooldown), and which actions a crash cut
-short (they become ``interrupted``, never re-run).
+``failed`` when planning itself failed), and each later phase writes the next. The rows are the
+runner's journal: each is written before the step it names starts, so the newest version says
+how far an action got::
+
+    applying      apply may have started and may be half done (``StartedAt`` is set)
+    verifying     apply returned ok: the plan is applied, its effect is being checked
+    rolling_back  apply or verify failed: the partial or complete apply is being undone
+    succeeded | rolled_back | failed | interrupted | refused | denied | dry_run   (final)
+
+A restarted runner reads the newest version of each action to know which plans were already
+decided (idempotency), when each entity was last acted on (cooldown), and which actions a
+crash cut short: it finishes those from the stored plan (``Params`` and the plan's fields) by
+verifying or rolling back, never by applying again (`ridethrough.actuators.runner_recovery`).
 
 Current state, one row per action::
 
@@ -16,8 +25,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ridethrough.exporters import schema
@@ -52,6 +61,8 @@ ACTIONS = Table(
         Column("EndedAt", _TIME),
         Column("Timings", "Map(LowCardinality(String), Float64)"),
         Column("Version", "UInt64"),
+        Column("Params", "Map(String, String)"),
+        Column("Recoveries", "UInt8"),
     ),
     (),
     "toYYYYMM(DecidedAt)",
@@ -62,7 +73,9 @@ ACTIONS = Table(
 """``actions``: the highest ``Version`` of an ``ActionId`` is its state. ``PlanId`` is the plan's
 idempotency key ('' when planning failed); ``StartedAt``/``EndedAt`` are 0 (1970) until apply
 starts/the action ends (an action with a ``StartedAt`` touched the fleet, or may have);
-``Timings`` holds seconds per phase (``apply_s``...) and the plugin's own."""
+``Timings`` holds seconds per phase (``apply_s``...) and the plugin's own; ``Params`` the plan's
+params (with the other plan columns, enough to rebuild the `Plan` after a restart);
+``Recoveries`` how many restarted runners have taken the action over."""
 
 
 class Status(enum.Enum):
@@ -81,10 +94,13 @@ class Status(enum.Enum):
     SUCCEEDED = "succeeded"
     ROLLED_BACK = "rolled_back"
     INTERRUPTED = "interrupted"
-    """The runner stopped (crashed) mid-action; never re-run automatically."""
+    """The runner stopped (crashed) mid-action and a restarted one could not finish it (see the
+    reason: plugin gone, dry-run mode, too many restarts); never re-run automatically."""
 
 
 IN_FLIGHT = frozenset({Status.AWAITING_APPROVAL, Status.APPLYING, Status.VERIFYING, Status.ROLLING_BACK})
+TOUCHING = frozenset({Status.APPLYING, Status.VERIFYING, Status.ROLLING_BACK})
+"""In flight after apply started: the fleet was, or may have been, changed."""
 
 
 def consumes_key(status: Status, *, dry_run_mode: bool) -> bool:
@@ -126,6 +142,13 @@ class ActionRecord:
     ended_at_ns: int = 0
     timings_s: Mapping[str, float] = field(default_factory=dict)
     version: int = 1
+    params: Mapping[str, str] = field(default_factory=dict)
+    recoveries: int = 0
+
+    @property
+    def took_action(self) -> bool:
+        """Apply started (the fleet was or may have been changed): what an operator hears about."""
+        return self.started_at_ns != 0 and not self.dry_run
 
     def row(self) -> tuple[Any, ...]:
         """The values in `ACTIONS`' insert order."""
@@ -133,16 +156,16 @@ class ActionRecord:
                 self.plugin, self.entity, self.status.value, self.reason, self.dry_run, self.summary,
                 list(self.steps), list(self.drains_hosts), list(self.removes_paths), dict(self.path_shares),
                 self.detail, self.decided_at_ns, self.started_at_ns, self.ended_at_ns, dict(self.timings_s),
-                self.version)
+                self.version, dict(self.params), self.recoveries)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ActionRecord:
         """A record from a row read back in `ACTIONS`' insert order (times as Unix nanoseconds)."""
         (aid, pid, iid, ikey, trace, cluster, plugin, entity, status, reason, dry, summary, steps, drains,
-         removes, shares, detail, decided, started, ended, timings, version) = row
+         removes, shares, detail, decided, started, ended, timings, version, params, recoveries) = row
         return cls(aid, pid, iid, ikey, trace, cluster, plugin, entity, Status(status), reason, bool(dry), summary,
                    tuple(steps), tuple(drains), tuple(removes), dict(shares), detail, int(decided), int(started),
-                   int(ended), dict(timings), int(version))
+                   int(ended), dict(timings), int(version), dict(params), int(recoveries))
 
 
 def actions_ddl(*, cluster: str = "") -> Iterator[str]:
@@ -203,25 +226,16 @@ class ActionLog:
             "in_flight": sorted(s.value for s in IN_FLIGHT)})
         return [ActionRecord.from_row(r[0]) for r in rows]
 
-    def recover(self, now_ns: int, *, cooldown_s: float, dry_run: bool,
-                cluster: str | None) -> tuple[int, dict[tuple[str, str], int]]:
-        """Start-up: close actions a previous runner left in flight, and read when entities were last acted on.
 
-        An action cut short while applying, verifying or rolling back becomes ``interrupted`` (it
-        may have touched the fleet: never re-run, and it starts the cooldown); one that only
-        awaited approval is ``refused``. Returns how many were closed, and (cluster, entity) →
-        when its last action ended (dry runs count only in dry-run mode).
-        """
-        closed, last = 0, dict[tuple[str, str], int]()
-        for r in self.recent(now_ns - round(cooldown_s * 1e9), cluster=cluster):
-            if r.status in IN_FLIGHT:
-                status = Status.REFUSED if r.status is Status.AWAITING_APPROVAL else Status.INTERRUPTED
-                r = replace(r, status=status, reason=f"runner restarted while {r.status.value}", ended_at_ns=now_ns,
-                            version=r.version + 1)
-                self.write(r)
-                closed += 1
-            # Apply started: the fleet was (or may have been) touched, so the entity cools down.
-            if r.started_at_ns or (r.status is Status.DRY_RUN and dry_run):
-                key = (r.cluster, r.entity)
-                last[key] = max(last.get(key, 0), r.ended_at_ns or r.decided_at_ns)
-        return closed, last
+def last_acted(records: Iterable[ActionRecord], *, dry_run: bool) -> dict[tuple[str, str], int]:
+    """(cluster, entity) → when its last action ended (or was decided, if it has not ended), for cooldowns.
+
+    Only actions whose apply started count (they changed the fleet, or may have), and dry runs
+    in dry-run mode.
+    """
+    last: dict[tuple[str, str], int] = {}
+    for r in records:
+        if r.started_at_ns or (r.status is Status.DRY_RUN and dry_run):
+            key = (r.cluster, r.entity)
+            last[key] = max(last.get(key, 0), r.ended_at_ns or r.decided_at_ns)
+    return last

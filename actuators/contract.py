@@ -11,6 +11,12 @@
 including the blast radius (hosts it drains, paths it removes) that the runner's policy caps.
 The runner, not the plugin, checks the policy, records every decision, opens the spans and
 enforces the deadlines; a plugin reports failure as a `Result` (raising is isolated too).
+
+A controller can die mid-action. The runner that starts next never calls ``apply`` again: it
+calls ``verify`` (the apply may be complete, partial, or not started) and, if that fails,
+``rollback``, with the plan rebuilt from the ``actions`` table (so ``params`` must hold all
+that apply, verify and rollback need, as strings). ``verify`` and ``rollback`` must therefore
+tolerate a partial apply and being called more than once.
 """
 
 from __future__ import annotations
@@ -154,9 +160,9 @@ class Actuator(Protocol):
         ...
 
     def verify(self, plan: Plan, deadline: Deadline) -> Result:
-        """Check that the applied plan had its effect."""
+        """Check that the applied plan had its effect (also after a restart, when apply may be partial)."""
         ...
 
     def rollback(self, plan: Plan, deadline: Deadline) -> Result:
-        """Undo what apply did (also after a partial apply)."""
+        """Undo what apply did (also after a partial apply, and again if a restart cut a rollback short)."""
         ...

@@ -9,11 +9,15 @@ For each open incident and each plugin, `Runner.consider`:
    for the same plan is not recorded again);
 3. in dry-run mode records ``dry_run`` and stops; else records the decision and runs the action
    on its own thread: approval (if required) → apply → verify, and rollback when apply or
-   verify fails. Every phase has its deadline and writes the next version of the action row.
+   verify fails. Every phase has its deadline, and the version of the action row that names it is
+   written before it starts (the row is the journal a restarted runner reads).
 
 Every decision and phase is a span in the incident's trace (`ridethrough.actuators.tracing`).
-One runner owns a cluster's actions: at `load`, actions a previous runner left in flight are
-marked ``interrupted`` (or refused, if they only awaited approval) and never re-run.
+One runner owns a cluster's actions: at `load`, it takes over the actions a previous runner left
+in flight and finishes them by verifying or rolling back, never by applying again
+(`ridethrough.actuators.runner_recovery`). When an action that touched the fleet ends, the
+``on_end`` listeners hear of it (PagerDuty change events, in the controller); the runner knows
+nothing of what they do with it.
 """
 
 from __future__ import annotations
@@ -23,46 +27,24 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
-from ridethrough.actuators.actions import ActionLog, ActionRecord, Status, consumes_key
-from ridethrough.actuators.contract import Actuator, Deadline, FleetState, Plan, Result
+from ridethrough.actuators.actions import IN_FLIGHT, ActionLog, ActionRecord, Status, consumes_key, last_acted
+from ridethrough.actuators.contract import Actuator, Deadline, FleetState, Plan
 from ridethrough.actuators.plugins import call_with_deadline, check_plan
 from ridethrough.actuators.policy import ApprovalQueue, InFlight, RunnerPolicy, Verdict, refusal
-from ridethrough.actuators.tracing import ActionTrace, SpanData, SpanWriter, action_attributes, run_phase
+from ridethrough.actuators.runner_recovery import Takeover, take_over
+from ridethrough.actuators.runner_steps import ActionSteps, RunningAction
+from ridethrough.actuators.runner_steps import RunnerMetrics as RunnerMetrics  # re-exported: the runner's API
+from ridethrough.actuators.tracing import ActionTrace, SpanWriter, action_attributes
 from ridethrough.detectors.incidents import Incident, State, Transition, TransitionKind
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunnerMetrics:
-    """The runner's own health on /metrics."""
-
-    registry: CollectorRegistry
-    decisions: Counter
-    outcomes: Counter
-    store_errors: Counter
-    in_flight: Gauge
-
-    @classmethod
-    def create(cls, registry: CollectorRegistry | None = None) -> RunnerMetrics:
-        """Metrics in ``registry`` (a fresh one by default: no global state)."""
-        reg = registry if registry is not None else CollectorRegistry()
-        return cls(reg,
-                   Counter("ridethrough_actuator_decisions", "Runner decisions by plugin and status",
-                           ["plugin", "status"], registry=reg),
-                   Counter("ridethrough_actuator_outcomes", "Finished actions by plugin and final status",
-                           ["plugin", "status"], registry=reg),
-                   Counter("ridethrough_actuator_store_errors", "Action rows or spans the store did not take",
-                           ["what"], registry=reg),
-                   Gauge("ridethrough_actuator_in_flight", "Actions in flight (awaiting approval included)",
-                         registry=reg))
+ActionListener = Callable[[ActionRecord], object]
+"""Hears the final version of every action whose apply started; may hear one again after a restart
+(the runner replays recent ones, as it cannot know whether the last process got to tell it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +58,6 @@ class Decision:
     status: Status
     reason: str
     plan: Plan | None
-
-
-@dataclass(eq=False)
-class _Action:
-    record: ActionRecord
-    plan: Plan
-    plugin: Actuator
-    trace: ActionTrace
-    needs_approval: bool
 
 
 def _rule(reason: str) -> str:
@@ -105,19 +78,22 @@ class Runner:
     def __init__(self, *, store: Store, plugins: Sequence[Actuator], policy: RunnerPolicy,
                  fleet: Callable[[], FleetState], clock: Callable[[], int] = time.time_ns,
                  metrics: RunnerMetrics | None = None, span_metrics: GatewayMetrics | None = None,
-                 cluster: str | None = None) -> None:
+                 cluster: str | None = None, on_end: Sequence[ActionListener] = ()) -> None:
         self._plugins = list(plugins)
+        self._on_end = list(on_end)
         self.policy = policy
         self._fleet = fleet
         self._clock = clock
         self._cluster = cluster
         self.metrics = metrics if metrics is not None else RunnerMetrics.create()
         self._log = ActionLog(store)
-        self._spans = SpanWriter(store=store, metrics=span_metrics or GatewayMetrics.create())
+        self._steps = ActionSteps(log=self._log, spans=SpanWriter(store=store, metrics=span_metrics
+                                                                  or GatewayMetrics.create()),
+                                  policy=policy, metrics=self.metrics, clock=clock)
         self.approvals = ApprovalQueue()
         """Plans waiting for a human (``approvals.approve(plan_id)``, ``deny``, ``pending``)."""
         self._lock = threading.Lock()
-        self._in_flight: dict[str, _Action] = {}
+        self._in_flight: dict[str, RunningAction] = {}
         self._last_ended: dict[tuple[str, str], int] = {}
         self._recorded: dict[str, dict[str, str]] = {}  # incident id → plan/plugin key → rule last recorded
         self._threads: list[threading.Thread] = []
@@ -127,12 +103,29 @@ class Runner:
     # -- start-up ---------------------------------------------------------------------------
 
     def load(self) -> int:
-        """Read recent actions (cooldowns) and close those a previous runner left in flight; returns those."""
+        """Read recent actions (cooldowns) and take over those a previous runner left in flight; returns
+        how many it took over (resumed or closed). Does nothing once loaded; raises the store's errors."""
+        if self.loaded:
+            return 0
         self._log.ensure_table()
-        closed, self._last_ended = self._log.recover(self._clock(), cooldown_s=self.policy.cooldown_s,
-                                                     dry_run=self.policy.dry_run, cluster=self._cluster)
-        self.loaded = True
-        return closed
+        now = self._clock()
+        records = self._log.recent(now - round(self.policy.cooldown_s * 1e9), cluster=self._cluster)
+        plugins = {p.name: p for p in self._plugins}
+        takeovers = [take_over(r, plugins, dry_run=self.policy.dry_run, now_ns=now)
+                     for r in records if r.status in IN_FLIGHT]
+        for t in takeovers:
+            self._log.write(t.record)  # before acting on it: the next restart must see this takeover
+        closed = [t.record for t in takeovers if not t.resumes]
+        with self._lock:
+            self._last_ended = last_acted([*records, *closed], dry_run=self.policy.dry_run)
+            self.loaded = True
+            for t in takeovers:
+                if t.resumes:
+                    self._resume(t)
+        for r in [*records, *closed]:
+            if r.status not in IN_FLIGHT:
+                self._notify(r)
+        return len(takeovers)
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -229,7 +222,8 @@ class Runner:
                               plan.cluster, plan.plugin, plan.entity, status, reason, self.policy.dry_run,
                               plan.summary, plan.steps, tuple(sorted(plan.drains_hosts)),
                               tuple(sorted(plan.removes_paths)), shares, "", self._clock(),
-                              started_at_ns=self._clock() if status is Status.APPLYING else 0)
+                              started_at_ns=self._clock() if status is Status.APPLYING else 0,
+                              params=dict(plan.params))
         try:
             self._log.write(record)
         except (StoreUnavailable, StoreError) as exc:
@@ -242,16 +236,16 @@ class Runner:
         span = trace.start("action.decide", action_attributes(record))
         span.start_ns = started_ns
         span.end(self._clock(), error=reason if status is Status.FAILED else None)
-        self._write_spans([span])
+        self._steps.write_spans([span])
         if approval:
             self.approvals.submit(plan)
         if status in (Status.APPLYING, Status.AWAITING_APPROVAL):
-            self._start(_Action(record, plan, plugin, trace, approval))
+            self._start(RunningAction(record, plan, plugin, trace, approval))
         return Decision(action_id, plan.plugin, incident.incident_id, status, reason, shown)
 
     # -- running ----------------------------------------------------------------------------
 
-    def _start(self, action: _Action) -> None:
+    def _start(self, action: RunningAction) -> None:
         self._in_flight[action.record.action_id] = action
         self.metrics.in_flight.set(len(self._in_flight))
         thread = threading.Thread(target=self._run, args=(action,), name=f"rt-action-{action.record.action_id[:8]}",
@@ -259,17 +253,32 @@ class Runner:
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
 
-    def _run(self, a: _Action) -> None:
+    def _resume(self, t: Takeover) -> None:
+        """Go on with an action a previous runner left in flight (under the lock)."""
+        if t.plan is None or t.plugin is None:
+            raise ValueError(f"action {t.record.action_id} was closed, not resumed")
+        r = t.record
+        trace = ActionTrace(trace_id=r.trace_id, action_id=r.action_id, clock=self._clock, epoch=r.recoveries)
+        span = trace.start("action.recover", {**action_attributes(r), "action.recoveries": r.recoveries})
+        span.end(self._clock())
+        self._steps.write_spans([span])
+        log.warning("action %s (%s on %s) was left in flight; %s", r.action_id, r.plugin, r.entity, r.reason)
+        self._start(RunningAction(r, t.plan, t.plugin, trace, needs_approval=False, resumed=True))
+
+    def _run(self, a: RunningAction) -> None:
         acted = False
         try:
             if a.needs_approval and not self._approved(a):
                 return
             acted = True
-            self._execute(a)
+            if a.resumed:
+                self._steps.resume(a)
+            else:
+                self._steps.execute(a)
         except Exception:  # a runner bug must not leave the action looking in flight forever
             log.exception("action %s failed in the runner", a.record.action_id)
-            self._update(a, status=Status.FAILED, reason="runner error (see the controller log)",
-                         ended_at_ns=self._clock())
+            self._steps.update(a, status=Status.FAILED, reason="runner error (see the controller log)",
+                               ended_at_ns=self._clock())
         finally:
             with self._lock:
                 self._in_flight.pop(a.record.action_id, None)
@@ -277,69 +286,32 @@ class Runner:
                 if acted:
                     self._last_ended[(a.plan.cluster, a.plan.entity)] = self._clock()
             self.metrics.outcomes.labels(plugin=a.plan.plugin, status=a.record.status.value).inc()
+            self._notify(a.record)
 
-    def _approved(self, a: _Action) -> bool:
+    def _notify(self, r: ActionRecord) -> None:
+        if not r.took_action or r.status in IN_FLIGHT:
+            return
+        for listener in self._on_end:
+            try:
+                listener(r)
+            except Exception:  # a listener (a page, a change event) must not undo or stop the runner
+                log.exception("action listener failed on action %s (%s)", r.action_id, r.status.value)
+
+    def _approved(self, a: RunningAction) -> bool:
         span = a.trace.start("action.approval", {"action.id": a.record.action_id})
         verdict = self.approvals.wait(a.plan.idempotency_key, self.policy.approval_timeout_s)
         span.end(self._clock(), attributes={"approval.verdict": verdict.value})
-        self._write_spans([span])
+        self._steps.write_spans([span])
         if verdict is Verdict.APPROVED:
-            self._update(a, status=Status.APPLYING, reason="approved", started_at_ns=self._clock())
+            self._steps.update(a, status=Status.APPLYING, reason="approved", started_at_ns=self._clock())
             return True
         status, reason = {
             Verdict.DENIED: (Status.DENIED, "denied by a human"),
             Verdict.TIMED_OUT: (Status.REFUSED, f"approval timed out after {self.policy.approval_timeout_s:g} s"),
             Verdict.ABANDONED: (Status.REFUSED, "approval abandoned: the runner shut down"),
         }[verdict]
-        self._update(a, status=status, reason=reason, ended_at_ns=self._clock())
+        self._steps.update(a, status=status, reason=reason, ended_at_ns=self._clock())
         return False
-
-    def _execute(self, a: _Action) -> None:
-        p = self.policy
-        applied, apply_s = self._phase(a, "apply", a.plugin.apply, p.apply_timeout_s)
-        timings = {"apply_s": apply_s, **applied.timings_s}
-        results = [f"apply: {applied.detail}"]
-        failure = None if applied.ok else f"apply failed: {applied.detail}"
-        if applied.ok:
-            self._update(a, status=Status.VERIFYING, timings_s=timings)
-            verified, verify_s = self._phase(a, "verify", a.plugin.verify, p.verify_timeout_s)
-            timings |= {"verify_s": verify_s, **verified.timings_s}
-            results.append(f"verify: {verified.detail}")
-            failure = None if verified.ok else f"verify failed: {verified.detail}"
-        final, reason = Status.SUCCEEDED, "verified"
-        if failure is not None:
-            self._update(a, status=Status.ROLLING_BACK, reason=failure, timings_s=timings)
-            undone, rollback_s = self._phase(a, "rollback", a.plugin.rollback, p.rollback_timeout_s)
-            timings |= {"rollback_s": rollback_s, **undone.timings_s}
-            results.append(f"rollback: {undone.detail}")
-            final = Status.ROLLED_BACK if undone.ok else Status.FAILED
-            reason = failure if undone.ok else f"{failure}; rollback failed: {undone.detail}"
-        self._update(a, status=final, reason=reason, detail="; ".join(results), timings_s=timings,
-                     ended_at_ns=self._clock())
-
-    def _phase(self, a: _Action, name: str, method: Callable[[Plan, Deadline], Result],
-               timeout_s: float) -> tuple[Result, float]:
-        result, seconds, spans = run_phase(
-            a.trace, name, lambda deadline: method(a.plan, deadline), timeout_s=timeout_s,
-            what=f"{a.plan.plugin}.{name}",
-            attributes={"action.id": a.record.action_id, "action.plugin": a.plan.plugin})
-        self._write_spans(spans)
-        return result, seconds
-
-    def _update(self, a: _Action, **changes: Any) -> None:
-        a.record = replace(a.record, version=a.record.version + 1, **changes)
-        try:
-            self._log.write(a.record)
-        except (StoreUnavailable, StoreError) as exc:  # the action goes on: stopping halfway is worse
-            log.warning("cannot record action %s as %s: %s", a.record.action_id, a.record.status.value, exc)
-            self.metrics.store_errors.labels(what="actions").inc()
-
-    def _write_spans(self, spans: list[SpanData]) -> None:
-        try:
-            self._spans.write(spans)
-        except (StoreUnavailable, StoreError, ValueError) as exc:
-            log.warning("cannot write %d action spans: %s", len(spans), exc)
-            self.metrics.store_errors.labels(what="spans").inc()
 
     # -- approvals and lifetime -------------------------------------------------------------
 

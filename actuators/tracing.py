@@ -1,7 +1,8 @@
 """Actions in their incident's trace: spans, the current step, and W3C ``traceparent``.
 
 Every action continues the trace its incident opened: ``action.decide``, ``action.approval``,
-``action.apply``, ``action.verify`` and ``action.rollback`` are children of the incident's root
+``action.apply``, ``action.verify``, ``action.rollback`` and ``action.recover`` (a restarted runner
+taking over an action left in flight) are children of the incident's root
 span (whose id derives from the trace id, see `root_span_id`), and each `step` a plugin opens
 inside apply (or verify, rollback) is a child of that phase. The runner opens the phases, so a
 plugin cannot forget them; a plugin that calls a remote agent sends `current_traceparent` in
@@ -36,7 +37,8 @@ from ridethrough.exporters.signals import Signal
 from ridethrough.exporters.store import Store
 
 SCOPE = "ridethrough.actuators"
-SPAN_NAMES = ("action.decide", "action.approval", "action.apply", "action.verify", "action.rollback", "action.step")
+SPAN_NAMES = ("action.decide", "action.approval", "action.apply", "action.verify", "action.rollback", "action.step",
+              "action.recover")
 """Every span name an action writes, listed once (tests hold the runner to it)."""
 _LIMITS = Limits(max_attribute_value_bytes=16384)
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
@@ -86,19 +88,21 @@ class SpanData:
 class ActionTrace:
     """Makes the spans of one action, in its incident's trace, with ids derived from the action id."""
 
-    def __init__(self, *, trace_id: str, action_id: str, clock: Callable[[], int]) -> None:
+    def __init__(self, *, trace_id: str, action_id: str, clock: Callable[[], int], epoch: int = 0) -> None:
+        """``epoch``: how many runners took the action over before (each numbers its spans afresh, so a
+        restarted runner's span ids must not repeat the ones its predecessor wrote)."""
         bytes.fromhex(trace_id)  # a malformed trace id fails here, before any span is made
         self.trace_id = trace_id
         self.root_span_id = root_span_id(trace_id).hex()
         self.clock = clock
-        self._action_id = action_id
+        self._seed = f"action:{action_id}" if epoch == 0 else f"action:{action_id}:epoch{epoch}"
         self._seq = itertools.count()
 
     def start(self, name: str, attributes: Mapping[str, Attr] | None = None, *,
               parent: SpanData | None = None) -> SpanData:
         """A new span, child of ``parent`` (default: the incident's root span)."""
         n = next(self._seq)
-        span_id = hashlib.sha256(f"action:{self._action_id}:{n}".encode()).hexdigest()[:16]
+        span_id = hashlib.sha256(f"{self._seed}:{n}".encode()).hexdigest()[:16]
         parent_id = parent.context.span_id if parent is not None else self.root_span_id
         return SpanData(name, SpanContext(self.trace_id, span_id), parent_id, self.clock(), dict(attributes or {}))
 

@@ -99,19 +99,29 @@ class PagerDutyExporter:
             entries += self._entries(t, entries)
         self._queue(entries)
 
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard base URL events link to ('' when not configured)."""
+        return self._cfg.dashboard_url
+
     def change(self, *, summary: str, at_ns: int, source: str, details: Mapping[str, Any] | None = None,
-               incident: Incident | None = None, idempotency_key: str = "") -> None:
+               incident: Incident | None = None, idempotency_key: str = "",
+               links: Sequence[Mapping[str, str]] = (), incident_key: str = "", cluster: str = "") -> None:
         """Queue a change event for an action taken; with ``incident`` it goes where that incident paged, its
-        links point at it, and later triggers of it list the action. The same ``idempotency_key`` queues once."""
+        links point at it, and later triggers of it list the action. Without it, ``incident_key`` (and its
+        ``cluster``) still finds the routes its alert is open on; else the catch-all route ``*`` takes it.
+        The same ``idempotency_key`` queues once; ``links`` are added to the incident's."""
         idem = idempotency_key or uuid.uuid4().hex
         body = events.change(summary=summary, at_ns=at_ns, source=source, details=details or {},
-                             incident=incident, dashboard_url=self._cfg.dashboard_url)
+                             incident=incident, dashboard_url=self._cfg.dashboard_url, extra_links=links)
         key = ""
         routes = ["*"] if "*" in self._cfg.routing_keys else []  # an action on no incident: the catch-all
         actions: list[tuple[str, str, int, str]] = []
-        if incident is not None:
-            key = events.dedup_key(incident.key, cluster=incident.cluster)
-            routes = self._outbox.routes(key) or [r for r in (self._route(incident),) if r]
+        if incident is not None or incident_key:
+            key = (events.dedup_key(incident.key, cluster=incident.cluster) if incident is not None
+                   else events.dedup_key(incident_key, cluster=cluster))
+            own = [r for r in (self._route(incident),) if r] if incident is not None else []
+            routes = self._outbox.routes(key) or own or routes
             actions.append((f"action:{idem}", key, at_ns, events.truncate(summary, 256)))
         if not routes:
             self.metrics.unrouted.inc()

@@ -90,12 +90,19 @@ def iso8601(time_ns: int) -> str:
 
 def links(incident: Incident | None, dashboard_url: str) -> list[dict[str, str]]:
     """Links to the incident's dashboard page and its trace; none without a dashboard URL."""
-    if incident is None or not dashboard_url:
+    if incident is None:
+        return []
+    return incident_links(incident.incident_id, incident.trace_id, dashboard_url)
+
+
+def incident_links(incident_id: str, trace_id: str, dashboard_url: str) -> list[dict[str, str]]:
+    """Links to an incident's dashboard page and its trace, by id; none without a dashboard URL or an id."""
+    if not dashboard_url or not incident_id:
         return []
     base = dashboard_url.rstrip("/")
-    out = [{"href": base + INCIDENT_PATH.format(incident_id=incident.incident_id), "text": "Incident in ridethrough"}]
-    if incident.trace_id:
-        out.append({"href": base + TRACE_PATH.format(trace_id=incident.trace_id), "text": "Incident trace"})
+    out = [{"href": base + INCIDENT_PATH.format(incident_id=incident_id), "text": "Incident in ridethrough"}]
+    if trace_id:
+        out.append({"href": base + TRACE_PATH.format(trace_id=trace_id), "text": "Incident trace"})
     return out
 
 
@@ -159,14 +166,24 @@ def trigger(t: Transition, *, dashboard_url: str = "", client: str = "ridethroug
     return _fit(event)
 
 
+def _unique(items: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The first link to each href."""
+    by_href: dict[str, dict[str, str]] = {}
+    for item in items:
+        by_href.setdefault(item["href"], item)
+    return list(by_href.values())
+
+
 def resolve(key: str) -> dict[str, Any]:
     """The resolve event (no ``routing_key``) of the alert with dedup key ``key``: the documented minimum."""
     return {"event_action": "resolve", "dedup_key": key}
 
 
 def change(*, summary: str, at_ns: int, source: str, details: Mapping[str, Any],
-           incident: Incident | None = None, dashboard_url: str = "") -> dict[str, Any]:
-    """A change event (no ``routing_key``) for an action taken, linked to its incident when there is one."""
+           incident: Incident | None = None, dashboard_url: str = "",
+           extra_links: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """A change event (no ``routing_key``) for an action taken, linked to its incident when there is one
+    (and to ``extra_links``, e.g. the incident's pages by id when the incident itself is not at hand)."""
     custom: dict[str, Any] = json.loads(json.dumps(dict(details), default=str))  # plain JSON from here on
     if incident is not None:
         custom.setdefault("incident_id", incident.incident_id)
@@ -174,7 +191,7 @@ def change(*, summary: str, at_ns: int, source: str, details: Mapping[str, Any],
     event: dict[str, Any] = {
         "payload": {"summary": truncate(summary), "timestamp": iso8601(at_ns), "source": truncate(source, 255),
                     "custom_details": custom},
-        "links": links(incident, dashboard_url)}
+        "links": _unique([*links(incident, dashboard_url), *(dict(link) for link in extra_links)])}
     if len(json.dumps(event).encode()) > MAX_EVENT_BYTES:
         event["payload"]["custom_details"] = {"truncated": f"details removed: over {MAX_EVENT_BYTES} bytes"}
     return event

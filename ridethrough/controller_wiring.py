@@ -2,11 +2,13 @@
 
 Every transition goes, in order, to the incident events (OTel log records and trace root
 spans in the store), the actuator runner (when enabled) and PagerDuty (when enabled). Each
-listener is isolated: one that raises is logged and counted, the others still hear it.
+listener is isolated: one that raises is logged and counted, the others still hear it. With
+both the runner and PagerDuty, every action that touched the fleet becomes a PagerDuty change
+event when it ends (`ridethrough.exporters.pagerduty_actions`); the runner knows only a listener.
 
     parts = build_controller(cfg, store=store, metrics=ControllerMetrics.create(), event_metrics=...,
                              actuators=ActuatorConfig(enabled=True), pager=pager_cfg)
-    parts.start()   # PagerDuty sender, reconcile pages with the open incidents, detector loop
+    parts.start()   # PagerDuty sender, reconcile pages, take over actions left in flight, detector loop
     parts.stop()
 """
 
@@ -28,6 +30,7 @@ from ridethrough.detectors.incident_events import IncidentEmitter
 from ridethrough.detectors.incidents import IncidentTracker, Transition
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.pagerduty import PagerDutyExporter
+from ridethrough.exporters.pagerduty_actions import ActionChanges
 from ridethrough.exporters.pagerduty_config import PagerDutyConfig
 from ridethrough.exporters.pagerduty_delivery import PagerDutyMetrics
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
@@ -84,7 +87,8 @@ class ControllerParts:
     pager: PagerDutyExporter | None = None
 
     def start(self) -> None:
-        """Start paging (after making PagerDuty match the open incidents), then detecting."""
+        """Start paging (after making PagerDuty match the open incidents), finish the actions a previous
+        controller left in flight, then detect."""
         if self.pager is not None:
             self.pager.start()
             try:
@@ -94,6 +98,14 @@ class ControllerParts:
                     log.info("PagerDuty: %d event(s) queued to match the open incidents", queued)
             except (StoreUnavailable, StoreError) as exc:  # the outbox still holds what was queued before
                 log.warning("store away at start; PagerDuty not reconciled: %s", exc)
+        if self.runner is not None:
+            try:
+                # Now, not at the first incident: an action left half applied must not wait for one.
+                taken = self.runner.load()
+                if taken:
+                    log.warning("took over %d action(s) a previous controller left in flight", taken)
+            except (StoreUnavailable, StoreError) as exc:  # the runner loads before it next acts
+                log.warning("store away at start; actions left in flight are taken over later: %s", exc)
         self.controller.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -113,17 +125,22 @@ def build_controller(cfg: ControllerConfig, *, store: Store, metrics: Controller
     tracker = IncidentTracker(store, quiet_s=cfg.quiet_s, reopen_hysteresis_s=cfg.reopen_hysteresis_s,
                               cluster=cfg.cluster or None)
     listeners: list[tuple[str, Listener]] = [("incident events", IncidentEmitter(store=store, metrics=event_metrics))]
-    runner = None
-    if actuators is not None and actuators.enabled:
-        policy = RunnerPolicy(**{f.name: getattr(actuators, f.name) for f in dataclasses.fields(RunnerPolicy)})
-        fabric = RouteFile(cfg.fabric_map_file) if cfg.fabric_map_file else None
-        runner = Runner(store=store, plugins=load_plugins(), policy=policy, fleet=fleet_from_map(fabric, tracker),
-                        metrics=RunnerMetrics.create(metrics.registry), span_metrics=event_metrics,
-                        cluster=cfg.cluster or None)
-        listeners.append(("actuator runner", runner.on_transitions))
+    acting = actuators is not None and actuators.enabled
+    plugins = load_plugins() if acting else []  # a bad plugin stops the start before the outbox is opened
     exporter = None
     if pager is not None and pager.enabled:
         exporter = PagerDutyExporter.from_config(pager, metrics=PagerDutyMetrics.create(metrics.registry))
+    runner = None
+    if actuators is not None and acting:
+        policy = RunnerPolicy(**{f.name: getattr(actuators, f.name) for f in dataclasses.fields(RunnerPolicy)})
+        fabric = RouteFile(cfg.fabric_map_file) if cfg.fabric_map_file else None
+        on_end = [] if exporter is None else [
+            ActionChanges(exporter, incident_of=lambda r: tracker.get(r.incident_key, cluster=r.cluster))]
+        runner = Runner(store=store, plugins=plugins, policy=policy, fleet=fleet_from_map(fabric, tracker),
+                        metrics=RunnerMetrics.create(metrics.registry), span_metrics=event_metrics,
+                        cluster=cfg.cluster or None, on_end=on_end)
+        listeners.append(("actuator runner", runner.on_transitions))
+    if exporter is not None:
         listeners.append(("pagerduty", exporter.emit))
     controller = Controller(store=store, detectors=default_detectors(cfg), tracker=tracker, metrics=metrics,
                             emit=fan_out(listeners), cluster=cfg.cluster, interval_floor_s=cfg.interval_floor_s)

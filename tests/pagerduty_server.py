@@ -5,7 +5,10 @@ validates each event as the documentation describes it (PagerDuty/developer-docs
 events-API-v2: required fields, ``routing_key`` of 32 characters, ``event_action``,
 ``dedup_key`` up to 255 characters, ``payload.summary`` up to 1024, severities, ISO 8601
 timestamps, ``links``/``images`` shapes, events up to 512 KB) and answers 202 or 400 with
-the errors. It keeps alerts as PagerDuty does: a trigger opens an alert unless one with its
+the errors. Change events (03-Change-Events.md) take only ``routing_key``, ``payload``
+(``summary`` required, up to 1024; ``source``, ``timestamp``, ``custom_details``) and
+``links`` (each an ``href`` URL, optional ``text``): no ``event_action``, ``dedup_key``,
+``severity`` or ``images``. It keeps alerts as PagerDuty does: a trigger opens an alert unless one with its
 (routing key, dedup key) is open, a resolve closes it, so `pages` counts what would have paged.
 
 On demand it answers the next requests with 429/500/400 (`fail_next`), or records an event
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -116,6 +120,16 @@ def validate_alert(doc: Any, *, routing_keys: Collection[str] | None = None) -> 
     return errors
 
 
+def _urls(doc: dict[str, Any], key: str, field: str, errors: list[str]) -> None:
+    items = doc.get(key, [])
+    for n, item in enumerate(items if isinstance(items, list) else []):
+        value = item.get(field) if isinstance(item, dict) else None
+        if isinstance(value, str) and value:
+            url = urllib.parse.urlsplit(value)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                errors.append(f"'{key}[{n}].{field}' must be an absolute http(s) URL")
+
+
 def validate_change(doc: Any, *, routing_keys: Collection[str] | None = None) -> list[str]:
     """The contract violations of a change event (an empty list: valid)."""
     if not isinstance(doc, dict):
@@ -124,6 +138,7 @@ def validate_change(doc: Any, *, routing_keys: Collection[str] | None = None) ->
     _unknown(doc, _CHANGE_KEYS, "", errors)
     _routing_key(doc, routing_keys, errors)
     _objects(doc, "links", "href", {"text"}, errors)
+    _urls(doc, "links", "href", errors)
     payload = doc.get("payload")
     if not isinstance(payload, dict):
         return [*errors, "'payload' is missing or not an object"]
@@ -221,6 +236,11 @@ class PagerDutyServer:
     def release(self) -> None:
         """Answer every held request (a client that has gone away gets nothing)."""
         self._release.set()
+
+    def changes_for(self, routing_key: str) -> list[dict[str, Any]]:
+        """Accepted change events sent with this integration key, in order."""
+        with self._lock:
+            return [c for c in self.changes if c.get("routing_key") == routing_key]
 
     def events_for(self, dedup_key: str) -> list[dict[str, Any]]:
         """Accepted alert events with this dedup key, in order."""

@@ -1,6 +1,6 @@
 """Actions in their incident's trace, in a real chDB store: the incident's root span, then decide,
 apply (with its steps and an agent's span propagated through ``traceparent``), verify and
-rollback; ``ridethrough trace`` printing that tree.
+rollback, and a restarted runner's takeover; ``ridethrough trace`` printing that tree.
 """
 
 from __future__ import annotations
@@ -14,11 +14,20 @@ import typer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from typer.testing import CliRunner
 
+from ridethrough.actuators.actions import ActionLog, ActionRecord, Status
 from ridethrough.actuators.contract import Deadline, FleetState, Plan, Result
 from ridethrough.actuators.policy import RunnerPolicy
 from ridethrough.actuators.runner import Runner
 from ridethrough.actuators.trace_view import SpanRow, TraceNotFound, render, show, trace_command
-from ridethrough.actuators.tracing import SPAN_NAMES, current_traceparent, parse_traceparent, step
+from ridethrough.actuators.tracing import (
+    SPAN_NAMES,
+    ActionTrace,
+    SpanWriter,
+    action_attributes,
+    current_traceparent,
+    parse_traceparent,
+    step,
+)
 from ridethrough.detectors.contract import EntityType, Finding, FindingKind, Severity
 from ridethrough.detectors.incident_events import IncidentEmitter, root_span_id
 from ridethrough.detectors.incidents import Incident, IncidentTracker, Transition
@@ -257,3 +266,31 @@ def test_traceparent_outside_an_action_and_malformed() -> None:
     for bad in ("", "00-" + "0" * 32 + "-" + "cd" * 8 + "-01", "00-xyz-abc-01"):
         with pytest.raises(ValueError, match="malformed traceparent"):
             parse_traceparent(bad)
+
+
+def test_a_taken_over_action_continues_the_same_trace_with_fresh_span_ids(store: Store) -> None:
+    opened = open_incident(store, "tr9")
+    inc = opened.incident
+    plan = Reroute(None).plan(inc, FleetState(T0))
+    assert plan is not None
+    # What the killed runner left: its decide span, and the row that says apply had started.
+    record = ActionRecord("killed-tr9", plan.idempotency_key, inc.incident_id, inc.key, inc.trace_id, inc.cluster,
+                          plan.plugin, inc.entity, Status.APPLYING, "accepted", False, plan.summary, plan.steps, (), (),
+                          {}, "", T0 + S, T0 + S)
+    ActionLog(store).write(record)
+    dead = ActionTrace(trace_id=inc.trace_id, action_id=record.action_id, clock=Ticking(T0 + S))
+    decide = dead.start("action.decide", action_attributes(record))
+    decide.end(T0 + 2 * S)
+    SpanWriter(store=store, metrics=GatewayMetrics.create()).write([decide])
+    runner = Runner(store=store, plugins=[Reroute(None)], policy=RunnerPolicy(dry_run=False, hysteresis_s=0.0),
+                    fleet=lambda: FleetState(T0), clock=Ticking(T0 + 30 * S), cluster=inc.cluster)
+    assert runner.load() == 1 and runner.wait_idle(10)
+    got = spans(store, inc.trace_id)
+    root = root_span_id(inc.trace_id).hex()
+    [(_, recover_parent, _, _)] = got["action.recover"]
+    [(_, verify_parent, verify_status, _)] = got["action.verify"]
+    assert recover_parent == verify_parent == root and verify_status == "Ok"
+    assert "action.apply" not in got  # never applied again
+    ids = [sid for rows in got.values() for sid, _, _, _ in rows]
+    assert len(ids) == len(set(ids))  # the new runner's span ids do not collide with the dead one's
+    assert {n for n in got if n.startswith("action.")} <= set(SPAN_NAMES)

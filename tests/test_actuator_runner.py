@@ -27,6 +27,7 @@ from ridethrough.detectors.contract import Severity
 from ridethrough.detectors.incidents import Incident, State, new_trace_id
 from ridethrough.exporters.schema import Table
 from ridethrough.exporters.store import Store
+from tests.conftest import wait_for
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -89,7 +90,7 @@ class Scripted:
         if self.plan_error is not None:
             raise self.plan_error
         return Plan.for_incident(self.name, incident, summary=f"fix {incident.entity}", steps=("drain", "reroute"),
-                                 drains_hosts=self.drains, removes_paths=self.removes,
+                                 params={"via": "spine1"}, drains_hosts=self.drains, removes_paths=self.removes,
                                  needs_approval=self.needs_approval)
 
     def apply(self, plan: Plan, deadline: Deadline) -> Result:
@@ -304,21 +305,146 @@ def test_a_restarted_runner_never_acts_twice(store: Store) -> None:
     assert d.status is Status.REFUSED and d.reason.startswith("duplicate") and plugin.applied() == 1
 
 
-def test_actions_cut_short_by_a_crash_are_interrupted_and_not_rerun(store: Store) -> None:
-    plugin = Scripted()
-    inc = incident("crash1")
+def left_in_flight(store: Store, plugin: Scripted, inc: Incident, status: Status, *, reason: str = "accepted",
+                   recoveries: int = 0, params: dict[str, str] | None = None) -> str:
+    """Write the row a runner killed mid-action leaves behind; returns its action id."""
     plan = plugin.plan(inc, FLEET)
     assert plan is not None
-    ActionLog(store).write(ActionRecord("crashed1", plan.idempotency_key, inc.incident_id, inc.key, inc.trace_id,
-                                        inc.cluster, plugin.name, inc.entity, Status.VERIFYING, "accepted", False,
-                                        "", plan.steps, (), (), {}, "", T0 - S, T0 - S, 0, {}, 2))
+    action_id = f"crashed-{next(_IDS)}"
+    ActionLog(store).write(ActionRecord(
+        action_id, plan.idempotency_key, inc.incident_id, inc.key, inc.trace_id, inc.cluster, plan.plugin, inc.entity,
+        status, reason, False, plan.summary, plan.steps, tuple(sorted(plan.drains_hosts)),
+        tuple(sorted(plan.removes_paths)), {}, "apply: step 1 of 2 done", T0 - S,
+        0 if status is Status.AWAITING_APPROVAL else T0 - S, 0, {"apply_s": 0.5}, 2,
+        dict(plan.params) if params is None else params, recoveries))
+    return action_id
+
+
+def recoveries(store: Store, action_id: str) -> int:
+    _, rows = store.query("SELECT argMax(Recoveries, Version) FROM actions WHERE ActionId = {a:String}",
+                          parameters={"a": action_id})
+    return int(rows[0][0])
+
+
+def test_a_half_applied_action_is_verified_and_completed_after_a_restart_never_reapplied(store: Store) -> None:
+    plugin = Scripted(name="resume-ok")
+    inc = incident("resume1")
+    crashed = left_in_flight(store, plugin, inc, Status.APPLYING)
     r = runner(store, plugin)
-    assert r.load() >= 1
-    assert final(store, "crashed1")[:2] == ("interrupted", "runner restarted while verifying")
-    [d] = r.consider([inc])
-    assert "as action crashed1 (interrupted)" in d.reason and plugin.calls == []
-    [cooling] = r.consider([incident("crash1")])  # it may have touched the fleet: the cooldown holds
+    assert r.load() >= 1 and r.wait_idle(10)
+    assert plugin.calls == [("verify", "resume1")]  # checked, not applied again
+    assert history(store, crashed) == [
+        ("applying", "accepted"),
+        ("verifying", "runner restarted while applying: verifying what was applied (apply is never repeated)"),
+        ("succeeded", "verified after a runner restart")]
+    assert recoveries(store, crashed) == 1
+    assert final(store, crashed)[2] == "apply: step 1 of 2 done; verify: paths healthy"
+    [d] = r.consider([inc])  # the same plan again: it was decided (and is now done)
+    assert d.status is Status.REFUSED and f"as action {crashed} (succeeded)" in d.reason and plugin.applied() == 0
+    [cooling] = r.consider([incident("resume1")])  # it touched the fleet: the cooldown runs from its end
     assert cooling.reason.startswith("cooldown")
+
+
+def test_a_half_applied_action_that_does_not_verify_is_rolled_back(store: Store) -> None:
+    plugin = Scripted(name="resume-undo", verify_ok=False)
+    inc = incident("resume2")
+    crashed = left_in_flight(store, plugin, inc, Status.APPLYING)
+    r = runner(store, plugin)
+    r.load()
+    assert r.wait_idle(10)
+    assert plugin.calls == [("verify", "resume2"), ("rollback", "resume2")]
+    assert [s for s, _ in history(store, crashed)] == ["applying", "verifying", "rolling_back", "rolled_back"]
+    assert final(store, crashed)[1] == "verify failed after a runner restart: loss still 30%"
+
+
+def test_an_action_cut_short_while_rolling_back_is_rolled_back_again(store: Store) -> None:
+    plugin = Scripted(name="resume-rollback", rollback_ok=False)
+    inc = incident("resume3")
+    crashed = left_in_flight(store, plugin, inc, Status.ROLLING_BACK, reason="verify failed: loss still 30%")
+    r = runner(store, plugin)
+    r.load()
+    assert r.wait_idle(10)
+    assert plugin.calls == [("rollback", "resume3")]
+    assert final(store, crashed)[:2] == (
+        "failed", "verify failed: loss still 30%; runner restarted while rolling_back: rolling back again; "
+        "rollback failed: switch unreachable")
+
+
+def test_a_takeover_survives_another_crash_and_is_given_up_after_three(store: Store) -> None:
+    gate = threading.Event()
+
+    class StuckVerify(Scripted):
+        def verify(self, plan: Plan, deadline: Deadline) -> Result:
+            self.calls.append(("verify", plan.entity))
+            gate.wait(deadline.remaining_s())
+            return Result.success("fine")
+
+    plugin = StuckVerify(name="resume-again")
+    inc = incident("resume4")
+    crashed = left_in_flight(store, plugin, inc, Status.VERIFYING)
+    first = runner(store, plugin, verify_timeout_s=30.0)
+    first.load()
+    wait_for(lambda: plugin.calls, timeout_s=10, what="the first takeover's verify")
+    # The first taker "crashes" inside verify: its row says verifying, taken over once.
+    assert final(store, crashed)[0] == "verifying" and recoveries(store, crashed) == 1
+    gate.set()
+    assert first.wait_idle(10)
+    assert final(store, crashed)[:2] == ("succeeded", "verified after a runner restart")
+    given_up = left_in_flight(store, plugin, incident("resume5"), Status.VERIFYING, recoveries=3)
+    runner(store, plugin).load()
+    assert final(store, given_up)[:2] == (
+        "interrupted", "runner restarted while verifying; not finished: gave up after 3 takeovers")
+
+
+def test_actions_that_cannot_be_finished_are_interrupted_and_never_rerun(store: Store) -> None:
+    plugin = Scripted(name="resume-gone")
+    absent = left_in_flight(store, plugin, incident("gone1"), Status.APPLYING)
+    tampered = left_in_flight(store, plugin, incident("gone2"), Status.VERIFYING, params={"via": "elsewhere"})
+    waiting = left_in_flight(store, plugin, incident("gone3"), Status.AWAITING_APPROVAL)
+    other = Scripted(name="someone-else")
+    r = runner(store, other)
+    assert r.load() >= 3 and r.wait_idle(10)
+    assert final(store, absent)[:2] == (
+        "interrupted", "runner restarted while applying; not finished: plugin 'resume-gone' is not loaded")
+    assert final(store, waiting)[:2] == ("refused", "runner restarted while awaiting_approval")
+    assert final(store, tampered)[0] == "interrupted"  # closed by the first runner, as its plugin was absent
+    again = left_in_flight(store, plugin, incident("gone4"), Status.VERIFYING, params={"via": "elsewhere"})
+    runner(store, plugin).load()
+    assert final(store, again)[1].endswith("not finished: the stored plan does not match its idempotency key")
+    dry = left_in_flight(store, plugin, incident("gone5"), Status.APPLYING)
+    runner(store, plugin, dry_run=True).load()
+    assert final(store, dry)[1].startswith("runner restarted while applying; not finished: the runner is now in "
+                                           "dry-run mode")
+    assert plugin.calls == [] and other.calls == []
+    [cooling] = runner(store, plugin).consider([incident("gone1")])  # it may have touched the fleet
+    assert cooling.reason.startswith("cooldown")
+
+
+def test_listeners_hear_each_action_that_touched_the_fleet_once_it_ends(store: Store) -> None:
+    heard: list[tuple[str, str]] = []
+
+    def listener(r: ActionRecord) -> None:
+        heard.append((r.entity, r.status.value))
+
+    def broken(r: ActionRecord) -> None:
+        raise RuntimeError("pager down")
+
+    plugin = Scripted(name="told")
+    r = Runner(store=store, plugins=[plugin], policy=RunnerPolicy(dry_run=False, hysteresis_s=0.0),
+               fleet=lambda: FLEET, clock=Clock(), on_end=[broken, listener])
+    r.load()  # (tells the ends of other tests' actions again: see below)
+    heard.clear()
+    run_one(r, incident("told1"))
+    plugin.verify_ok = False
+    run_one(r, incident("told2"))
+    [refused] = r.consider([incident("told1")])  # a refusal took no action: nobody hears of it
+    assert refused.status is Status.REFUSED
+    assert heard == [("told1", "succeeded"), ("told2", "rolled_back")]
+    heard.clear()
+    restarted = Runner(store=store, plugins=[plugin], policy=RunnerPolicy(dry_run=False, hysteresis_s=0.0),
+                       fleet=lambda: FLEET, clock=Clock(), on_end=[listener], cluster="c1")
+    restarted.load()  # recent ends are told again: the last process may have died before telling them
+    assert sorted(h for h in heard if h[0].startswith("told")) == [("told1", "succeeded"), ("told2", "rolled_back")]
 
 
 # -- approvals --------------------------------------------------------------------------------

@@ -24,12 +24,14 @@ from typing import Any
 
 import pytest
 
+from ridethrough.actuators.actions import ActionRecord, Status
 from ridethrough.config import ConfigError, load
 from ridethrough.detectors.contract import EntityType, Finding, FindingKind, Severity, Window
 from ridethrough.detectors.controller import Controller
 from ridethrough.detectors.incidents import Incident, IncidentTracker, State, Transition, TransitionKind
 from ridethrough.exporters import pagerduty_events as events
 from ridethrough.exporters.pagerduty import PagerDutyExporter
+from ridethrough.exporters.pagerduty_actions import ActionChanges
 from ridethrough.exporters.pagerduty_config import (
     PagerDutyConfig,
     PagerDutyConfigError,
@@ -477,6 +479,67 @@ def test_change_events_follow_their_incident_and_later_triggers_list_them(server
     assert first["links"][0]["href"] == "https://dash.example/incidents/inc-1"
     taken = server.accepted[-1]["payload"]["custom_details"]["actions_taken"]
     assert taken == [{"at_ns": T0 + 5 * S, "summary": "migrated rank 3 off h2/gpu3"}]
+
+
+def action(status: Status, **over: Any) -> ActionRecord:
+    """An action on ``incident()`` in its final ``status``; apply started unless told otherwise."""
+    inc = incident()
+    base = ActionRecord("act-9", "plan-9", inc.incident_id, inc.key, inc.trace_id, inc.cluster, "migrate", inc.entity,
+                        status, "verify failed: rank 3 still on h2/gpu3", False, "move rank 3 to a hot spare",
+                        ("pause job", "move rank"), ("h2",), (), {}, "apply: moved; verify: still there", T0,
+                        T0 + S, T0 + 7 * S, {"apply_s": 5.0}, 4, {"node": "h2"}, 0)
+    return replace(base, **over)
+
+
+def test_the_local_server_holds_change_events_to_the_documented_contract() -> None:
+    ok: dict[str, Any] = {"routing_key": KEY, "payload": {"summary": "c", "source": "h", "custom_details": {}},
+                          "links": [{"href": "https://dash.example/incidents/1", "text": "Incident"}]}
+    assert validate_change(ok, routing_keys={KEY}) == []
+    bad = [({**ok, "payload": {"summary": "s" * 1025}}, "summary"), ({**ok, "payload": {"source": "x"}}, "summary"),
+           ({**ok, "payload": {"summary": "c", "severity": "info"}}, "severity"),
+           ({**ok, "payload": {"summary": "c", "timestamp": "now"}}, "timestamp"),
+           ({**ok, "payload": {"summary": "c", "custom_details": "text"}}, "custom_details"),
+           ({**ok, "dedup_key": "k"}, "dedup_key"), ({**ok, "images": []}, "images"),
+           ({**ok, "links": [{"href": "/incidents/1"}]}, "href"), ({**ok, "links": [{"text": "t"}]}, "href"),
+           ({**ok, "routing_key": "short"}, "routing_key")]
+    for doc, field in bad:
+        errors = validate_change(doc, routing_keys={KEY})
+        assert errors and any(field in e for e in errors), (doc, errors)
+
+
+def test_actions_taken_become_change_events_once_and_refusals_none(server, tmp_path, make) -> None:
+    cfg = settings(server, tmp_path, teams={"gpu": "compute"},
+                   routing_keys={"*": "env:PD_DEFAULT", "compute": "env:PD_NET"})
+    exp = make(cfg)
+    inc = incident()
+    exp.emit([Transition(OPENED, inc, None)])
+    told = ActionChanges(exp, incident_of=lambda r: inc if r.incident_key == inc.key else None)
+    server.fail_next(429, retry_after="0")  # the first delivery is retried, as a page's would be
+    told(action(Status.ROLLED_BACK))
+    told(action(Status.ROLLED_BACK))  # told again (a restart replays recent ends): queued once
+    told(action(Status.REFUSED, started_at_ns=0, action_id="refused"))  # changed nothing: not sent
+    told(action(Status.DRY_RUN, started_at_ns=0, dry_run=True, action_id="dry"))
+    told(action(Status.VERIFYING, action_id="running"))  # not ended yet
+    other = incident(incident_id="inc-gone", key="gpu_failed:gpu:h5/gpu1", entity="h5/gpu1", trace_id="cd" * 16)
+    told(action(Status.SUCCEEDED, action_id="act-10", incident_id=other.incident_id, incident_key=other.key,
+                trace_id=other.trace_id, entity=other.entity, summary="x" * 2000))  # its incident is forgotten
+    assert exp.flush(timeout_s=10)
+    [rolled] = server.changes_for(KEY_NET)  # where its incident paged
+    payload = rolled["payload"]
+    assert payload["summary"] == ("ridethrough migrate on h2/gpu3: rolled back (verify failed: rank 3 still on "
+                                  "h2/gpu3); move rank 3 to a hot spare")
+    assert payload["source"] == "h2" and payload["timestamp"] == "2023-11-14T22:13:27.000+00:00"
+    details = payload["custom_details"]
+    assert details["outcome"] == "rolled_back" and details["action_id"] == "act-9" and details["trace_id"] == "ab" * 16
+    assert details["incident_key"] == inc.key and details["timings_s"] == {"apply_s": 5.0}
+    assert [link["href"] for link in rolled["links"]] == [
+        "https://dash.example/incidents/inc-1", f"https://dash.example/traces/{'ab' * 16}"]
+    [done] = server.changes_for(KEY)  # no incident at hand and no open alert: the catch-all route
+    assert len(done["payload"]["summary"]) == 1024 and done["payload"]["summary"].endswith("…")
+    assert [link["href"] for link in done["links"]] == [
+        "https://dash.example/incidents/inc-gone", f"https://dash.example/traces/{'cd' * 16}"]
+    taken = exp.outbox.actions("ridethrough:prod:gpu_failing:gpu:h2/gpu3")
+    assert [a["summary"][:40] for a in taken] == ["ridethrough migrate on h2/gpu3: rolled b"]
 
 
 def test_reconcile_pages_what_never_paged_and_resolves_what_closed_while_down(server, tmp_path, make) -> None:

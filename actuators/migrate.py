@@ -13,8 +13,9 @@
     plan    a rank that had not updated gives its state to a spare per lost rank
     form    the next generation forms; the ranks replay the interrupted step (at most one step redone)
 
-A spare that dies on the way is replaced by another one (from a peer's copy of the state when
-the leaving rank is already gone); when no spare is left, or no peer holds the state, the
+A spare that dies on the way is replaced by another one (before the hand-over: the migration is
+aborted, nothing changed, and tried again with another ready spare; after it: from a peer's copy
+of the state, the leaving rank being gone); when no spare is left, or no peer holds the state, the
 coordinator falls back (`Coordinator.fallback`: restart from the newest snapshot, or stop the
 job) and says which, in its events and its reply.
 """
@@ -29,6 +30,10 @@ from ridethrough.actuators.shim import keys
 
 if TYPE_CHECKING:
     from ridethrough.actuators.shim.coordinator import Coordinator, Reply, Spare
+
+
+MAX_RETRIES = 2
+"""Tries of a proactive migration whose spare dies before the hand-over, beyond the first."""
 
 
 def _moves_doc(moves: dict[int, Spare]) -> dict[str, str]:
@@ -52,6 +57,10 @@ class Migration:
     redone_by_peer: list[int] = field(default_factory=list)
     ended: dict[str, str] = field(default_factory=dict)
     """Stages that end the migration, with why (set when a spare dies)."""
+    retries: int = 0
+    """How many earlier tries of this request ended with their spare's death before the hand-over."""
+    retried: list[str] = field(default_factory=list)
+    """Why each earlier try ended (said in the answer)."""
 
     def tick(self, c: Coordinator) -> bool:
         now = c.clock()
@@ -123,7 +132,15 @@ class Migration:
         if self.stage == "arrive":
             keys.put(c.store, keys.ctl(self.n, "decision"), "abort")
             self.stage = "aborted"
-            self.ended["aborted"] = f"spare {spare.id} died before the hand-over; nothing changed"
+            why = f"spare {spare.id} died before the hand-over; nothing changed"
+            ready = sum(1 for s in c.spares.values() if s.state == "ready")
+            if ready >= len(self.ranks) and self.retries < MAX_RETRIES:
+                # Another spare waits: the same request again, next; its answer is the caller's.
+                c.queue.insert(0, Migration(ranks=self.ranks, reason=self.reason, reply=self.reply,
+                                            retries=self.retries + 1, retried=[*self.retried, why]))
+                self.reply = None
+                c.note("migration_retried", ranks=self.ranks, dead=spare.id)
+            self.ended["aborted"] = why
             return
         if not self.leaving_ok(c, rank):
             return  # the leaving rank's send fails and it stays ("hand" sees that)
@@ -161,6 +178,8 @@ class Migration:
             c.command_done(self.n)
         seconds = c.clock() - self.started if self.started else 0.0
         c.note("migrated" if ok else "migration_failed", ranks=self.ranks, detail=detail, seconds=round(seconds, 3))
+        if self.retried:
+            detail = f"{detail} (after: {'; '.join(self.retried)}; retried with another spare)"
         if self.reply is not None:
             self.reply({"ok": ok, "detail": detail, "generation": c.generation, "seconds": seconds})
             self.reply = None
@@ -205,6 +224,15 @@ class Recovery:
 
     def _plan(self, c: Coordinator) -> bool:
         survivors = [r for r in range(c.world_size) if r not in self.lost]
+        if any(c.slots[r].done for r in survivors if r in c.slots):
+            # A peer completed the training meanwhile: the lost ranks had finished theirs too (ranks
+            # step together) and died in their epilogue; nothing to recover, and the exit status says so.
+            for rank in sorted(self.lost):
+                c.slots[rank].done = True
+                c.failed_at_end.append(f"rank {rank} was lost while its peers completed")
+            c.note("lost_at_end", ranks=sorted(self.lost))
+            self.stage = "done"
+            return True
         reports = {r: keys.peek(c.store, keys.fail(self.gen, r)) for r in survivors}
         missing = sorted(r for r, doc in reports.items() if doc is None)
         ready = sum(1 for s in c.spares.values() if s.state == "ready")

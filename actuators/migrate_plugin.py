@@ -2,7 +2,7 @@
 
     incident gpu_failing h2/gpu3  ->  plan: on h2, move the rank on GPU 3 of every job to a hot spare
     apply   ->  the h2 agent's signed ``job.migrate {gpu: 3}`` (traced: a step span, traceparent sent);
-                the agent asks each job's launcher on h2 (`ridethrough.actuators.shim.control_socket`),
+                the agent asks each job's launcher on h2 (`ridethrough.actuators.job_commands`),
                 which asks its coordinator: the rank moves at its next step boundary, nothing is redone
     verify  ->  ``job.status``: no rank on GPU 3 is still its original process
     rollback -> nothing to undo: a rank on a healthy spare stays there

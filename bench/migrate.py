@@ -3,7 +3,8 @@
 The job is tests/fixtures/train_plain.py (an MLP, DDP on gloo, a shuffled DistributedSampler),
 unchanged, under ``ridethrough run``. Side by side, in one run:
 
-* **ridethrough**: ``--spares 2`` (one waits while a used one is replaced). First a proactive
+* **ridethrough**: one hot spare (``--spares``; each failure waits until the launcher has
+  replaced the spare the previous one used; --quick: two). First a proactive
   migration (a rank asked to move, as for a GPU predicted to fail), then a rank killed (SIGKILL)
   every M steps: a hot spare takes it over from a peer and the interrupted step is replayed.
 * **checkpoint-restart** (the usual practice): no spare, a checkpoint every K steps
@@ -13,8 +14,9 @@ unchanged, under ``ridethrough run``. Side by side, in one run:
 
 Figures (from the ranks' own step lines, which carry a wall-clock time):
 
-* ``resume_s``: from the failure signal to the first step the job completes afterwards;
-* ``recovered_s``: from the failure signal until the step that was in flight completes again;
+* ``resume_s``: from the failure signal to the first step completed by the process that took over
+  (a spare, or a restarted rank);
+* ``recovered_s``: from the failure signal until that process completes the step that was in flight;
 * ``steps_lost``: steps whose work is done again (the in-flight one counts): k + 1 - S for a
   kill during step k resumed at step S; T - S for a migration asked to happen at boundary T;
 * ``pause_s``: for the planned move, the longest stall of the other ranks beyond a normal step
@@ -24,8 +26,8 @@ Figures (from the ranks' own step lines, which carry a wall-clock time):
 Both variants must end with the same model as each other (every resume here is exact): the
 ``digests_match`` figure checks it. Without --quick the job runs across two lab hosts (network
 namespaces; one launcher per host, the spares on the second host) when this machine can build a
-lab, else across local processes (``"where"`` says which). --quick: local, 2 ranks, 24 steps, one
-failure each.
+lab, else across local processes (``"where"`` says which; ``--lab`` or ``--where lab`` asks for the
+lab, ``--quick --lab`` too). --quick: local, 2 ranks, 24 steps, one failure each.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class Job:
     wall_s: float = 0.0
     code: int = -1
     signals: list[dict[str, Any]] = field(default_factory=list)
+    socket: Path | None = None
+    """Node 0's control socket (None: the local launcher's, in the shared run directory)."""
 
     @property
     def logs(self) -> Path:
@@ -96,19 +100,22 @@ class Job:
             argv = [*_CLI, "--nproc-per-node", str(self.nproc), "--spares", str(self.spares), *common, *tail]
             self.procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
             return
-        master = self.lab.topology.stable_ip("h0")
-        for node, host in enumerate(("h0", "h1")):  # the spares wait on the other host than rank 0
-            argv = [*_CLI, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", str(self.nproc // 2),
-                    "--master-addr", master, "--master-port", "29650", "--spares", str(self.spares * node),
-                    *common, *tail]
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": "stab"}  # the host's stable address: across the fabric
-            self.procs.append(self.lab.exec(host, argv, job=True, env=env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE, text=True))
+        from ridethrough.lab.jobs import LabRun
+
+        # One launcher per host, each serving its socket in its host's run directory; the spares wait on
+        # the other host than rank 0 (whose launcher hosts the job's coordinator).
+        run = LabRun(self.lab, ["h0", "h1"], ["python", str(SCRIPT), *self.job_args], job_id=self.name,
+                     log_dir=self.logs, nproc_per_node=self.nproc // 2, spares=[0, self.spares], master_port=29650,
+                     extra=["--rendezvous-timeout", "120", *extra])
+        run.start()
+        self.procs, self.socket = run.procs, socket_path(run.run_dir("h0"), self.name, 0)
 
     def steps(self) -> list[Step]:
         """Every step line of every process, with its global step (a resumed process counts from its resume)."""
         out = []
         for path in sorted(self.logs.glob("*.log")):
+            if path.stem.startswith("launcher-"):
+                continue  # a launcher's own output (lab runs)
             offset, segment = 0, 0  # (every node writes its logs into the same directory)
             for line in path.read_text().splitlines():
                 if m := re.search(r"continues at step (\d+)", line):
@@ -126,7 +133,7 @@ class Job:
             time.sleep(0.05)
 
     def ask(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return request(socket_path(self.root / "run", self.name, 0), doc, timeout_s=300)
+        return request(self.socket or socket_path(self.root / "run", self.name, 0), doc, timeout_s=300)
 
     def wait_spare(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -149,9 +156,10 @@ class Job:
         self.signals.append({"kind": "migrate", "rank": rank, "t": t})
 
     def finish(self, timeout_s: float = 600.0) -> None:
-        errors = [p.communicate(timeout=timeout_s)[1] for p in self.procs]
+        errors = [p.communicate(timeout=timeout_s)[1] or "" for p in self.procs]
         self.code, self.wall_s = max(p.returncode for p in self.procs), time.time() - self.started
         if self.code != 0:
+            errors += [p.read_text(errors="replace") for p in sorted(self.logs.glob("launcher-*.log"))]
             raise RuntimeError(f"{self.name} exited {self.code}:\n" + "\n".join(e[-2000:] for e in errors))
 
     def digests(self) -> set[str]:
@@ -181,9 +189,11 @@ def measure(job: Job) -> list[dict[str, Any]]:
             continue
         k = sig["in_flight"]
         later = sorted((s for s in steps if t < s.t < until), key=lambda s: s.t)
+        # Counted from the processes that took over (a spare, a restarted rank): a survivor may still
+        # print the in-flight step when the lost rank had sent its share before it died.
         started = {(f.log, f.segment) for f in fresh}
-        first = next((s for s in later if s.step >= k or (s.log, s.segment) in started), None)
-        regained = next((s for s in later if s.step >= k), None)
+        first = next((s for s in later if (s.log, s.segment) in started), None)
+        regained = next((s for s in later if s.step >= k and (s.log, s.segment) in started), None)
         row = {"kind": sig["kind"], "in_flight": k, "resumed_at": resumed, "steps_lost": k + 1 - resumed,
                "resume_s": round(first.t - t, 3) if first else None,
                "recovered_s": round(regained.t - t, 3) if regained else None}
@@ -204,7 +214,7 @@ def run(args: argparse.Namespace, lab: Any = None) -> dict[str, Any]:
     kills = list(range(args.every, total - 2, args.every))
     job_args = ["--epochs", str(args.epochs), "--samples", str(args.samples), "--step-sleep", str(args.step_sleep),
                 "--width", str(args.width)]
-    ride = Job("ride", args.nproc, 2, 0, job_args, root, lab)  # two spares: one waits while a used one is replaced
+    ride = Job("ride", args.nproc, args.spares, 0, job_args, root, lab)
     ride.start()
     ride.wait_step(args.proactive_at - 1)
     ride.migrate(1)
@@ -248,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 ranks, 24 steps, one failure (for CI)")
     ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--spares", type=int, default=1, help="Hot spares of the ridethrough run (on the second host).")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--every", type=int, default=16, help="Kill a rank every M steps.")
@@ -258,10 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--where", choices=("auto", "lab", "local"), default="auto",
                     help="lab: two lab hosts (network namespaces, root), 4 ranks and the spares on the second; "
                          "local: processes on this machine; auto: lab unless --quick or no namespaces here.")
+    ap.add_argument("--lab", dest="where", action="store_const", const="lab", help="Same as --where lab.")
     args = ap.parse_args(argv)
     if args.quick:
         args.nproc, args.epochs, args.samples, args.every, args.checkpoint_every = 2, 3, 64, 14, 4
         args.proactive_at, args.width, args.step_sleep = 4, 64, 0.1
+        args.spares = 2  # its job trains for seconds: a used spare's replacement would come after its end
     where = args.where if args.where != "auto" else ("local" if args.quick else "lab")
     if where == "lab":
         from ridethrough.lab import netns

@@ -78,3 +78,70 @@ def _argv(command: Sequence[str]) -> list[str]:
     if command and command[0] in ("python", "python3"):
         return [sys.executable, *command[1:]]
     return list(command)
+
+
+class LabRun:
+    """A job under ``ridethrough run`` across lab hosts: one launcher per host, in the host's namespace.
+
+    Node ``i`` is ``hosts[i]``; node 0 hosts the job store at its stable address. Each host's
+    launcher serves its control socket in the host's own run directory (``<host dir>/run``, where
+    the host's agent finds it for ``job.migrate``), and every process's output goes to ``log_dir``
+    (ranks and spares have distinct names across nodes; each launcher's own to ``launcher-<host>.log``).
+    Gloo binds the host's stable address, so ranks talk across the fabric.
+    """
+
+    def __init__(self, lab: Lab, hosts: Sequence[str], command: Sequence[str], *, job_id: str, log_dir: Path,
+                 nproc_per_node: int = 1, spares: Sequence[int] | int = 0, master_port: int = FIRST_PORT + 50,
+                 extra: Sequence[str] = (), iface: str = "stab") -> None:
+        if not hosts:
+            raise LabError(f"job {job_id}: no hosts")
+        per_host = [spares] * len(hosts) if isinstance(spares, int) else list(spares)
+        if len(per_host) != len(hosts):
+            raise LabError(f"job {job_id}: {len(per_host)} spare counts for {len(hosts)} hosts")
+        self.lab, self.hosts, self.command, self.job_id = lab, list(hosts), list(command), job_id
+        self.log_dir, self.nproc_per_node, self.spares = log_dir, nproc_per_node, per_host
+        self.master_port, self.extra, self.iface = master_port, list(extra), iface
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def run_dir(self, host: str) -> Path:
+        """Where ``host``'s launcher serves the job's control socket."""
+        return Path(self.lab.host_dir(host)) / "run"
+
+    def start(self) -> None:
+        """Start every host's launcher (node 0 first: it hosts the store the others join)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        master = self.lab.topology.stable_ip(self.hosts[0])
+        for node, host in enumerate(self.hosts):
+            argv = [sys.executable, "-m", "ridethrough.actuators.run_cli", "run", "--nnodes", str(len(self.hosts)),
+                    "--node-rank", str(node), "--nproc-per-node", str(self.nproc_per_node), "--spares",
+                    str(self.spares[node]), "--master-addr", master, "--master-port", str(self.master_port),
+                    "--job-id", self.job_id, "--log-dir", str(self.log_dir), "--run-dir", str(self.run_dir(host)),
+                    *self.extra, "--", *self.command]
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": self.iface, "PYTHONUNBUFFERED": "1"}
+            log = (self.log_dir / f"launcher-{host}.log").open("ab")
+            try:
+                self.procs.append(self.lab.exec(host, argv, job=True, env=env, stdout=log, stderr=subprocess.STDOUT))
+            except OSError as exc:
+                raise LabError(f"job {self.job_id}: cannot start the launcher on {host}: {exc}") from exc
+            finally:
+                log.close()  # the launcher holds its own descriptor
+
+    def wait(self, node: int = 0, *, timeout_s: float) -> int:
+        """Node ``node``'s launcher's exit status (LabError if it still runs after ``timeout_s``)."""
+        try:
+            return self.procs[node].wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise LabError(f"job {self.job_id}: the launcher on {self.hosts[node]} still runs after "
+                           f"{timeout_s:g} s") from None
+
+    def stop(self) -> None:
+        """Stop every launcher (they stop their ranks and spares); kill one that does not exit within 20 s."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # also reaches a stopped (frozen) launcher; its children die with it
+                proc.wait(10)

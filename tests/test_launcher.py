@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,7 +18,9 @@ import pytest
 
 from ridethrough.actuators.launcher import LaunchConfig, argv
 from ridethrough.actuators.shim.config import ShimConfig, torchrun_env
-from ridethrough.actuators.shim.control_socket import socket_path
+from ridethrough.actuators.shim.control_socket import request, socket_path
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.mark.parametrize(("kw", "error"), [
@@ -108,3 +116,68 @@ def test_a_rank_that_fails_without_a_spare_fails_the_job_with_the_reason(tmp_pat
     done = start_job(tmp_path, "train_env.py", "--fail", "3").finish(timeout_s=180)
     assert done.code == 1, done.tail()
     assert "no spare ready for ranks" in done.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_job_on_two_nodes_rides_through_a_frozen_node(tmp_path: Path) -> None:
+    """Two launchers (--nnodes 2), the second frozen (SIGSTOP, as a hung host): node 0 notices its
+    silence and a spare on node 0 takes its rank; every step is trained once, one final model.
+    (The same across lab hosts, in their own namespaces: tests/test_migrate_lab.py.)"""
+    pytest.importorskip("torch", reason="the torch extra (torch==2.13.0) is not installed")
+    from tests.test_migrate import FinishedJob
+
+    logs, port, procs = tmp_path / "logs", _free_port(), []
+    for node, spares in ((0, 1), (1, 0)):
+        run_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a Unix socket path must stay short
+        argv = [sys.executable, "-m", "ridethrough.actuators.run_cli", "run", "--nnodes", "2", "--node-rank",
+                str(node), "--nproc-per-node", "1", "--spares", str(spares), "--master-port", str(port),
+                "--job-id", "two", "--log-dir", str(logs), "--run-dir", run_dir, "--rendezvous-timeout", "180",
+                "--heartbeat-timeout", "15", "--", "python", str(FIXTURES / "train_plain.py"), "--epochs", "6",
+                "--step-sleep", "0.2"]
+        with open(tmp_path / f"launcher-{node}.out", "wb") as out:  # the launcher holds its own descriptor
+            procs.append((subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), run_dir))
+    (lead, lead_dir), (follower, _) = procs
+    frozen: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        rank1 = logs / "rank-1.log"
+        while not (rank1.exists() and '"i": 3,' in rank1.read_text()):
+            assert time.monotonic() < deadline and lead.poll() is None, "the job did not reach step 3"
+            time.sleep(0.2)
+        status = request(socket_path(lead_dir, "two", 0), {"cmd": "status"}, timeout_s=30)
+        assert status["ranks"]["1"]["node"] == 1 and status["spares"]["n0s0"]["node"] == 0, status
+        frozen = [follower.pid, int(status["ranks"]["1"]["pid"])]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        lead.wait(600)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        for proc, run_dir in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(60)
+            shutil.rmtree(run_dir, ignore_errors=True)
+    out = (tmp_path / "launcher-0.out").read_text()
+    done = FinishedJob(lead.returncode, logs, out)
+    assert done.code == 0, done.tail()
+    assert "node_lost {'node': 1, 'ranks': [1]}" in out and "recovered {'ranks': [1], 'spares': {'1': 'n0s0'}" in out
+    for rank in (0, 1):
+        steps = []
+        for name in done.holders(rank):  # a spare counts its loop from 0 at the step it continues at
+            offset = 0
+            for line in (logs / f"{name}.log").read_text().splitlines():
+                if m := re.search(r"continues at step (\d+)", line):
+                    offset = int(m[1])
+                elif line.startswith("{") and '"loss"' in line:
+                    steps.append(offset + json.loads(line)["i"])
+        assert sorted(set(steps)) == list(range(6 * 64 // 4 // 2)), done.tail()  # the redone step at most twice
+        assert len(steps) - len(set(steps)) <= 1
+    assert len(done.digests()) == 1, done.tail()

@@ -3,10 +3,11 @@
 Why a local socket: the launcher is the one process on a node that knows the job (its ranks,
 their GPUs, the coordinator's store), and whoever may drive a job on a node already acts
 locally: the operator's ``ridethrough snapshot JOB``, and the node agent, which runs the
-controller's signed, traced commands (``job.migrate``, ``job.snapshot``, ``job.status``;
-`job_commands`) and relays them here. The socket is ``<run_dir>/<job>-node<N>.sock``, mode 0600
-(the launcher's user; the agent runs as root or as that user), so no new network port and no
-new credentials: the control plane's authentication stays the only way in from outside.
+controller's signed, traced commands (``job.migrate``, ``job.status``;
+`ridethrough.actuators.job_commands`) and relays them here. The socket is
+``<run_dir>/<job>-node<N>.sock``, mode 0600 (the launcher's user; the agent runs as root or as
+that user), so no new network port and no new credentials: the control plane's authentication
+stays the only way in from outside.
 
 Protocol: one JSON request line, one JSON reply line. Requests::
 
@@ -29,12 +30,9 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ridethrough.actuators.shim import keys
-
-if TYPE_CHECKING:
-    from ridethrough.actuators.commands import Args, CommandRegistry, Outcome
 
 log = logging.getLogger(__name__)
 _MAX_REQUEST = 64 << 10
@@ -169,46 +167,3 @@ class Server:
         for thread in list(self._answering):
             thread.join(wait_s)
         self.path.unlink(missing_ok=True)
-
-
-# -- the agent's commands ----------------------------------------------------------------------
-
-def job_commands(registry: CommandRegistry, *, run_dir: str, timeout_s: float = 600.0) -> None:
-    """Register ``job.migrate`` and ``job.status`` on an agent: they talk to the launchers on its node.
-
-    ``gpu`` is a local rank (GPU index) on this node, -1 for all; ``job`` an id, '' for every job here.
-    """
-    from ridethrough.actuators.commands import Outcome, Param
-
-    def sockets(job: str) -> list[tuple[Path, int]]:
-        pattern = f"{job.replace('/', '_')}-node*.sock" if job else "*-node*.sock"
-        found = [(p, p.stem.rsplit("-node", 1)[1]) for p in sorted(Path(run_dir).glob(pattern))]
-        return [(p, int(n)) for p, n in found if n.isdigit()]
-
-    def migrate(args: Args) -> Outcome:
-        gpu, found = int(args["gpu"]), sockets(str(args["job"]))
-        where = {"node": "all"} if gpu < 0 else {"local": [gpu]}
-        replies = [(p, request(p, {"cmd": "migrate", "reason": str(args["reason"]), **where}, timeout_s=timeout_s))
-                   for p, _ in found]
-        failed = [f"{p.stem}: {r.get('detail') or r.get('error')}" for p, r in replies if not r.get("ok")]
-        moved = [f"{p.stem}: {r.get('detail')}" for p, r in replies if r.get("ok")]
-        detail = "; ".join(failed + moved) or "no job runs on this node"
-        return Outcome(not failed, detail, {"jobs": len(found), "moved": len(moved)})
-
-    def status(args: Args) -> Outcome:
-        gpu, left = int(args["gpu"]), []
-        for path, node in sockets(str(args["job"])):
-            doc = request(path, {"cmd": "status"}, timeout_s=30.0)
-            nproc = int(doc.get("nproc_per_node", 1))
-            for local in ([gpu] if gpu >= 0 else range(nproc)):
-                held = doc.get("ranks", {}).get(str(node * nproc + local), {})
-                if held and not held.get("spare") and not held.get("done"):
-                    left.append(f"{path.stem} rank {node * nproc + local}")
-        return Outcome(not left, f"still on their first process: {', '.join(left)}" if left else
-                       "no original rank left there", {"left": len(left)})
-
-    where = {"gpu": Param(int, -1), "job": Param(str, "")}
-    registry.register("job.migrate", migrate, params={**where, "reason": Param(str, "")},
-                      help="Move this node's ranks (on one GPU, or all) to hot spares at their next step boundary.")
-    registry.register("job.status", status, params=where,
-                      help="Whether any rank (on one GPU, or all) still runs in its original process.")

@@ -10,7 +10,8 @@ operation at a time (`ridethrough.actuators.migrate`, `ridethrough.actuators.sna
   rank arrived and every spare reached its first batch, ``go``: the leaving ranks hand their state
   to their spares and exit, the next generation forms with the spares in their places. No step is
   lost or redone. A spare that dies on the way: before the hand-over, the leaving rank stays (the
-  generation is kept); after it, another spare takes the rank from a peer's copy.
+  generation is kept) and the request is tried again with another ready spare, if any; after it,
+  another spare takes the rank from a peer's copy.
 * `Recovery` (reactive): a rank died or its node fell silent. The other ranks report where their
   collective failed; a rank that had not yet updated its model gives its state to a spare, the
   next generation forms, and the interrupted step is replayed: at most one step is redone.

@@ -147,6 +147,7 @@ def _requests(launcher: Launcher) -> None:
 
         if doc["cmd"] == "status":
             reply({"ok": True, "job": launcher.cfg.job_id, "nproc_per_node": launcher.cfg.nproc_per_node,
+                   "spares_per_node": launcher.cfg.spares,
                    **c.status()})
         elif doc["cmd"] == "migrate":
             accepted = c.migrate([int(r) for r in doc["ranks"]], reason=str(doc.get("reason", "")), reply=reply)

@@ -16,8 +16,10 @@ an anomaly names exactly its entity with no candidates; time to localise is that
 anomaly that matches no planted fault is a **false finding**. Targets (issue #11): all found and
 localised, no false findings, the audit within 5 minutes.
 
-Progress goes to stderr; the last line on stdout is one JSON object. ``--out DIR`` keeps the JSON
-result and the HTML report. Run: ``.venv/bin/python bench/audit_lab.py [--quick]``. Needs root.
+The audit is then recorded as ``ridethrough audit --lab`` records it, through the lab's gateway, and
+``recorded`` says whether the lab's dashboard (Audits page) lists it. Progress goes to stderr; the last
+line on stdout is one JSON object. ``--out DIR`` keeps the JSON result and the HTML report.
+Run: ``.venv/bin/python bench/audit_lab.py [--quick]``. Needs root.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from ridethrough.audit import Audit, AuditConfig, store_query
+from ridethrough.audit_events import RecordError, send_audit
 from ridethrough.audit_lab import LabDriver
 from ridethrough.audit_model import AuditResult
 from ridethrough.audit_report import render_html
+from ridethrough.dashboards import queries_audits
 from ridethrough.exporters.store import Store
 from ridethrough.lab.fabric import Lab
 from ridethrough.lab.faults import KINDS, Call, Names
@@ -133,6 +137,22 @@ def score(planted: list[Planted], result: AuditResult) -> dict[str, Any]:
     return {"faults": per, "false": false}
 
 
+def record(lab: Lab, store: Store, result: AuditResult, *, timeout_s: float = 60.0) -> bool:
+    """Record the audit as ``ridethrough audit --lab`` does (through the lab's gateway, the one writer of its
+    store), and whether the lab's dashboard lists it (`ridethrough.dashboards.queries_audits`) before the lab goes."""
+    try:
+        send_audit(lab.server["otlp"], result)
+    except RecordError as exc:
+        print(f"audit_lab: {exc}", file=sys.stderr)
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(a.audit_id == result.audit_id for a in queries_audits.audits(store, cluster=lab.name)):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def main() -> int:
     """Bring a lab up, hide faults, audit, score; print one JSON line last."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -159,6 +179,7 @@ def main() -> int:
         finally:
             if errors is not None:
                 errors.stop()
+        recorded = record(lab, store, result)
     out = args.out or Path(tempfile.mkdtemp(prefix="audit_lab-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "audit.json").write_text(result.dumps())
@@ -173,7 +194,8 @@ def main() -> int:
         "localised": sum(f["localised"] for f in faults), "false_findings": len(scored["false"]),
         "duration_s": round(result.duration_s, 1), "target_s": TARGET_S, "budget_s": budget_s,
         "status": result.status.value, "not_covered": result.not_covered(), "faults": scored["faults"],
-        "false": scored["false"], "hosts": spec.hosts, "links": len(result.links), "quick": args.quick}))
+        "false": scored["false"], "recorded": recorded, "hosts": spec.hosts, "links": len(result.links),
+        "quick": args.quick}))
     return 0
 
 

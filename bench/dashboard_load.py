@@ -16,6 +16,7 @@ on stdout is one JSON object. Run: ``.venv/bin/python bench/dashboard_load.py [-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -97,6 +98,17 @@ def measure(url: str, paths: dict[str, str], loads: int) -> dict[str, list[float
     return times
 
 
+def reuse(data: Path, spec: FleetSpec) -> FakeFleet | None:
+    """The fleet a previous run generated in ``data``, if it has this size."""
+    try:
+        doc = json.loads((data / "fleet.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("spec") != dataclasses.asdict(spec):
+        raise SystemExit(f"{data} holds a fleet of another size; use another --data-dir")
+    return FakeFleet(**{**doc, "spec": spec})
+
+
 def p95(values: list[float]) -> float:
     """The nearest-rank 95th percentile."""
     ordered = sorted(values)
@@ -111,6 +123,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between an agent's points")
     parser.add_argument("--loads", type=int, default=5, help="measured loads of each page")
     parser.add_argument("--cache-s", type=float, default=0.0, help="the dashboard's result cache (0: off)")
+    parser.add_argument("--data-dir", type=Path, help="keep the generated store here and reuse it on the next run "
+                        "with the same size (to compare two versions of the dashboard on the same data)")
     args = parser.parse_args()
     if args.quick:
         args.hosts, args.hours, args.loads = 16, 2.0, 1
@@ -119,10 +133,18 @@ def main() -> None:
     spec = FleetSpec(hosts=args.hosts, racks=max(1, args.hosts // 8), hours=args.hours, interval_s=args.interval)
     with tempfile.TemporaryDirectory(prefix="rt-dashboard-load-") as tmp:
         work = Path(tmp)
-        store = Store(f"chdb://{work / 'store'}")
+        data = args.data_dir or work
+        data.mkdir(parents=True, exist_ok=True)
+        store = Store(f"chdb://{data / 'store'}")
         started = time.perf_counter()
-        log(f"generating {spec.hosts} hosts x {spec.hours:g} h at {spec.interval_s:g} s ...")
-        fleet = generate(store, spec, end_ns=time.time_ns())
+        fleet = reuse(data, spec)
+        reused = fleet is not None
+        if fleet is None:
+            log(f"generating {spec.hosts} hosts x {spec.hours:g} h at {spec.interval_s:g} s ...")
+            fleet = generate(store, spec, end_ns=time.time_ns())
+            (data / "fleet.json").write_text(json.dumps(dataclasses.asdict(fleet)))
+        else:
+            log(f"reusing the fleet generated {(time.time_ns() - fleet.end_ns) / 60e9:.0f} min ago in {data}")
         generate_s = time.perf_counter() - started
         log(f"  {fleet.rows:,} rows in {generate_s:.1f} s")
         fabric = work / "fabric.json"
@@ -142,7 +164,8 @@ def main() -> None:
               "pages": {name: {"p50_s": round(statistics.median(ts), 3), "max_s": round(max(ts), 3)}
                         for name, ts in times.items()},
               "hosts": spec.hosts, "hours": spec.hours, "interval_s": spec.interval_s, "rows": fleet.rows,
-              "generate_s": round(generate_s, 1), "loads_per_page": args.loads, "cache_s": args.cache_s,
+              "generate_s": round(generate_s, 1), "reused_data": reused,
+              "loads_per_page": args.loads, "cache_s": args.cache_s,
               "server": "gunicorn", "load_average_1m": round(os.getloadavg()[0], 1), "quick": args.quick}
     print(json.dumps(result))
 

@@ -9,6 +9,9 @@ Paths::
     /incidents/{id}         one incident: evidence, trace waterfall, actions (PagerDuty links here)
     /traces/{trace_id}      the incident of that trace (PagerDuty links here too)
     /goodput                Goodput per customer and job
+    /audits                 fleet audits: verdicts, counts, budget coverage
+    /audits/{id}            one audit: per-host and per-link results, evidence, suggested actions
+    /audits/{id}/report     its self-contained HTML report (a plain Flask route)
 
 Figures refresh every ``refresh_s`` through a ``dcc.Interval`` (callbacks, no page reload).
 `build_app` builds everything from a `Context`; nothing happens at import.
@@ -22,6 +25,7 @@ from typing import Any
 from dash import Dash, Input, Output, dcc, html
 
 from ridethrough.dashboards import (
+    pages_audits,
     pages_fabric,
     pages_fleet,
     pages_goodput,
@@ -33,10 +37,11 @@ from ridethrough.dashboards.pages_common import RANGES, Context, range_value
 
 NAV = ((pages_fleet.PATH, pages_fleet.TITLE), (pages_fabric.PATH, pages_fabric.TITLE),
        (pages_gpus.PATH, pages_gpus.TITLE), (pages_incidents.PATH, pages_incidents.TITLE),
-       (pages_goodput.PATH, pages_goodput.TITLE))
+       (pages_goodput.PATH, pages_goodput.TITLE), (pages_audits.PATH, pages_audits.TITLE))
 _PAGES: dict[str, Callable[[Context, str], Any]] = {
     pages_fleet.PATH: pages_fleet.layout, pages_fabric.PATH: pages_fabric.layout, pages_gpus.PATH: pages_gpus.layout,
     pages_incidents.PATH: pages_incidents.layout, pages_goodput.PATH: pages_goodput.layout,
+    pages_audits.PATH: pages_audits.layout,
 }
 RENDERED_JS = """() => {
   if (!document.querySelector('.rt-page > *') || document.querySelector('[data-dash-is-loading="true"]')) return false;
@@ -71,6 +76,8 @@ def route(ctx: Context, pathname: str | None) -> Any:
         return pages_incident.layout(ctx, "incident:" + path[len(pages_incident.INCIDENT_PATH):])
     if path.startswith(pages_incident.TRACE_PATH) and len(path) > len(pages_incident.TRACE_PATH):
         return pages_incident.layout(ctx, "trace:" + path[len(pages_incident.TRACE_PATH):])
+    if path.startswith(pages_audits.AUDIT_PATH) and len(path) > len(pages_audits.AUDIT_PATH):
+        return pages_audits.layout(ctx, path[len(pages_audits.AUDIT_PATH):])
     page = _PAGES.get(path)
     if page is None:
         return html.Div([html.H2("Not found"), html.P(f"No page at {path}."), dcc.Link("Fleet", href="/")],
@@ -104,6 +111,6 @@ def build_app(ctx: Context) -> Dash:
     def show(pathname: str | None) -> Any:
         return route(ctx, pathname)
 
-    for page in (pages_fleet, pages_fabric, pages_gpus, pages_incidents, pages_incident, pages_goodput):
+    for page in (pages_fleet, pages_fabric, pages_gpus, pages_incidents, pages_incident, pages_goodput, pages_audits):
         page.register(app, ctx)
     return app

@@ -22,6 +22,7 @@ from dash.development.base_component import Component
 
 from ridethrough.dashboards.config import DashboardConfig
 from ridethrough.dashboards.queries import TimeRange
+from ridethrough.dashboards.queries_gpus import GpuInventory
 from ridethrough.detectors.contract import Severity
 from ridethrough.detectors.fabric_map import RouteMap
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
@@ -40,12 +41,14 @@ _BLOCKS = "▁▂▃▄▅▆▇█"
 
 @dataclass
 class Context:
-    """What the pages read through: the store, the config, the clock and the fabric map (if any)."""
+    """What the pages read through: the store, the config, the clock, the fabric map (if any) and the GPU
+    inventory (which host each GPU is on: kept between page loads, see `GpuInventory`)."""
 
     store: Store
     cfg: DashboardConfig
     fabric: Callable[[], RouteMap] | None = None
     clock: Callable[[], int] = field(default=time.time_ns)
+    gpus: GpuInventory = field(default_factory=GpuInventory)
 
     def now_ns(self) -> int:
         """The current time, rounded down to ``cfg.cache_s``: views asked within that time are the same queries,

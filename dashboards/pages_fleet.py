@@ -113,7 +113,7 @@ def register(app: Dash, ctx: Context) -> None:
     def update(_page: str, _tick: int | None) -> tuple[Any, ...]:
         now = ctx.now_ns()
         found = queries.fleet_health(ctx.store, now_ns=now, recent_s=RECENT_S, seen_s=SEEN_S,
-                                     cluster=ctx.cfg.cluster)
+                                     cluster=ctx.cfg.cluster, inventory=ctx.gpus)
         hosts, levels, texts = health_matrix(found, now_ns=now, stale_s=ctx.cfg.agent_stale_s)
         open_now = queries_incidents.incidents(ctx.store, cluster=ctx.cfg.cluster, open_only=True, limit=100)
         acted = queries_incidents.actions(ctx.store, since_ns=now - 3600 * 10**9, cluster=ctx.cfg.cluster,

@@ -5,17 +5,21 @@ aggregate expressions picked from `AGGREGATES` by name); every value a user can 
 a metric, an attribute name or value) travels as a bound parameter. Long series are
 downsampled in SQL: `series` returns at most ``buckets`` points per series.
 
-Incidents and actions are read in `ridethrough.dashboards.queries_incidents`.
+Incidents and actions are read in `ridethrough.dashboards.queries_incidents`, GPU states and series by
+GPU id in `ridethrough.dashboards.queries_gpus`, audits in `ridethrough.dashboards.queries_audits`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ridethrough.detectors.sql import CLUSTER, NODE
 from ridethrough.exporters.store import Store
+
+if TYPE_CHECKING:
+    from ridethrough.dashboards.queries_gpus import GpuInventory
 
 T_NS = "toUnixTimestamp64Nano(TimeUnix)"
 # Comparing the column itself (not a function of it) lets ClickHouse skip whole date partitions.
@@ -181,16 +185,20 @@ CLOCK_BAD_S = 100e-6
 
 
 def fleet_health(store: Store, *, now_ns: int, recent_s: float = 300.0, seen_s: float = 3600.0,
-                 cluster: str = "") -> list[dict[str, Any]]:
+                 cluster: str = "", inventory: GpuInventory | None = None) -> list[dict[str, Any]]:
     """Per (node, ``what``): ``level`` (0 ok, 1 warning, 2 bad), ``value`` and ``detail``, from the newest
-    points of the last ``recent_s``. ``what`` is ``gpu`` (value: GPUs not ok; from `gpu_states`), ``nic``
-    (NICs down), ``clock`` (value: offset in s; the clock service's rows name no cluster) or ``agent``
-    (value: the newest heartbeat in the last ``seen_s``, ns; its level is the caller's to judge)."""
+    points of the last ``recent_s``. ``what`` is ``gpu`` (value: GPUs not ok; from
+    `ridethrough.dashboards.queries_gpus.gpu_states`, through ``inventory``), ``nic`` (NICs down), ``clock``
+    (value: offset in s; the clock service's rows name no cluster) or ``agent`` (value: the newest heartbeat
+    in the last ``seen_s``, ns; its level is the caller's to judge)."""
+    from ridethrough.dashboards.queries_gpus import gpu_states  # it builds on this module
+
     rng = TimeRange(now_ns - round(recent_s * 1e9), now_ns)
     found = rows(store, _HEALTH, rng.params(cluster, seen=now_ns - round(seen_s * 1e9), clock_warn=CLOCK_WARN_S,
                                             clock_bad=CLOCK_BAD_S))
     by_node: dict[str, list[str]] = {}
-    for (node, gpu), state in sorted(gpu_states(store, now_ns=now_ns, recent_s=recent_s, cluster=cluster).items()):
+    states = gpu_states(store, now_ns=now_ns, recent_s=recent_s, cluster=cluster, inventory=inventory)
+    for (node, gpu), state in sorted(states.items()):
         by_node.setdefault(node, [])
         if state != "ok":
             by_node[node].append(f"gpu{gpu} {state}")
@@ -199,29 +207,6 @@ def fleet_health(store: Store, *, now_ns: int, recent_s: float = 300.0, seen_s: 
         found.append({"node": node, "what": "gpu", "level": level, "value": float(len(bad)),
                       "detail": ", ".join(bad)})
     return found
-
-
-_GPU_STATES = f"""
-SELECT node, gpu, state FROM (
-    SELECT {NODE} AS node, Attributes['gpu.index'] AS gpu, Attributes['hw.state'] AS state,
-           argMax(Value, TimeUnix) AS v
-    FROM otel_metrics_gauge WHERE MetricName = 'hw.status' AND {IN_RANGE} AND {CLUSTER}
-    GROUP BY node, gpu, state
-) WHERE v = 1
-"""
-
-
-def gpu_states(store: Store, *, now_ns: int, recent_s: float = 300.0, cluster: str = "") -> dict[tuple[str, str], str]:
-    """(node, GPU index) → its ``hw.state`` now (the state whose newest ``hw.status`` point in the last
-    ``recent_s`` is 1; the worst when several are)."""
-    rank = {"failed": 3, "predicted_failure": 2, "degraded": 1, "ok": 0}
-    out: dict[tuple[str, str], str] = {}
-    rng = TimeRange(now_ns - round(recent_s * 1e9), now_ns)
-    for r in rows(store, _GPU_STATES, rng.params(cluster)):
-        key, state = (r["node"], r["gpu"]), r["state"]
-        if rank.get(state, 0) >= rank.get(out.get(key, "ok"), 0):
-            out[key] = state
-    return out
 
 
 # --- the fabric -------------------------------------------------------------------------------------

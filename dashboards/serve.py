@@ -28,7 +28,7 @@ from ridethrough.dashboards.app import HEALTH_PATH, build_app
 from ridethrough.dashboards.config import DashboardConfig, load_dashboard_config, read_password
 from ridethrough.dashboards.pages_common import Context
 from ridethrough.dashboards.queries import EXISTS_TABLE
-from ridethrough.exporters.store import Store, is_embedded
+from ridethrough.exporters.store import Store, StoreError, StoreUnavailable, is_embedded
 from ridethrough.settings import load_component, parse_hostport
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,20 @@ def wsgi_app(ctx: Context, *, env: Mapping[str, str] | None = None) -> WSGIApp:
     # request here, before any client's, settles it.
     with server.test_client() as warm:
         warm.get(HEALTH_PATH)
+    # Learn which host each GPU is on now, in the background, so the first page loads find it (a store that is
+    # away only means the first page that needs it reads it).
+    threading.Thread(target=_prime, args=(ctx,), name="dashboard-gpu-inventory", daemon=True).start()
     app: WSGIApp = server
     if ctx.cfg.basic_auth_user:
         app = BasicAuth(app, user=ctx.cfg.basic_auth_user, password=read_password(ctx.cfg.basic_auth_password, env))
     return app
+
+
+def _prime(ctx: Context) -> None:
+    try:
+        ctx.gpus.prime(ctx.store, now_ns=ctx.now_ns())
+    except (StoreUnavailable, StoreError) as exc:
+        log.info("GPU inventory not read at start: %s", exc)
 
 
 def create_app(config: str | None = None) -> WSGIApp:

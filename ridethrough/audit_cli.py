@@ -8,10 +8,18 @@ Mounted by the main CLI with ``app.command("audit")(audit)``. Two ways to name t
   file); the store is found as every command finds it (``--store`` > env > config > default).
   Nothing can run traffic on real hosts yet, so the load phases say they were not covered.
 
-It writes ``audit-<id>.json`` and ``audit-<id>.html`` under ``--out`` and records the audit in the
-store (``--record-store``, default ``--store``; a lab's store endpoint is read-only, so there it
-needs a writable DSN). Exit status: 0 pass, 1 anomalies found, 3 partial (nothing failed, something
-not covered: an unreachable host, a name the inventory does not know), 2 bad input.
+It writes ``audit-<id>.json`` and ``audit-<id>.html`` under ``--out`` and records the audit where the
+dashboard finds it (Audits page):
+
+* ``--record-store DSN``: into that store's ``audits`` table, directly;
+* ``--record-gateway HOST:PORT``, the default for ``--lab`` (its gateway): as an OTLP log record sent
+  to the gateway, which stores it in ``otel_logs`` (`ridethrough.audit_events`). A lab's store has one
+  writer, its server, and its store endpoint is read-only: the gateway is how anything else records;
+* otherwise into ``--store``'s ``audits`` table.
+
+Exit status: 0 pass, 1 anomalies found, 3 partial (nothing failed, something not covered: an
+unreachable host, a name the inventory does not know), 2 bad input. A record that fails is said
+plainly on stderr; the files still hold the result.
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ def _hosts_filter(expected: Expected, hosts: str) -> tuple[Expected, list[str]]:
     return expected.only([h for h in wanted if h in known]), [h for h in wanted if h not in known]
 
 
-def _lab_target(name: str) -> tuple[Expected, Any, Driver | None, str]:
+def _lab_target(name: str) -> tuple[Expected, Any, Driver | None, str, str]:
     from ridethrough.audit_lab import LabDriver
     from ridethrough.exporters.store import Store
     from ridethrough.lab.control import LabError
@@ -93,14 +101,15 @@ def _lab_target(name: str) -> tuple[Expected, Any, Driver | None, str]:
     address = lab.server.get("store_http")
     if not address:
         raise _fail(f"lab {name} has no server (brought up without agents?): the audit reads the agents' telemetry")
+    gateway = lab.server.get("otlp", "")
     if isinstance(lab, Lab):
         driver = LabDriver(lab)
-        return driver.expected(), Store(address), driver, name
+        return driver.expected(), Store(address), driver, name, gateway
     from ridethrough.audit_model import Expected
 
     spec = TopologySpec(**lab.info["spec"])
     expected = Expected.from_topology(Topology(spec, name=name), rails=spec.rails, gpus=spec.gpus)
-    return expected, Store(address), None, name  # the loopback mode has no fabric to load
+    return expected, Store(address), None, name, gateway  # the loopback mode has no fabric to load
 
 
 def _real_target(inventory: Path, store: str | None, config: Path | None) -> tuple[Expected, Any]:
@@ -126,6 +135,19 @@ def _record(target: Any, result: AuditResult, page: str) -> None:
         typer.echo(f"ridethrough audit: the audit was NOT recorded in the store: {exc}", err=True)
 
 
+def _record_via_gateway(endpoint: str, result: AuditResult, token_file: Path | None) -> None:
+    from ridethrough.audit_events import RecordError, send_audit
+    from ridethrough.exporters.ingest_auth import bearer_metadata
+    from ridethrough.wiring import read_token
+
+    try:
+        headers = bearer_metadata(read_token(str(token_file))) if token_file else ()
+        send_audit(endpoint, result, headers=headers)
+        typer.echo(f"audit recorded through the gateway {endpoint} (otel_logs, event audit.completed)", err=True)
+    except (RecordError, ValueError) as exc:  # the files hold the result; say plainly it is not stored
+        typer.echo(f"ridethrough audit: the audit was NOT recorded: {exc}", err=True)
+
+
 def audit(
     lab: Annotated[str, typer.Option("--lab", help="Audit this running lab.")] = "",
     inventory: Annotated[Path | None, typer.Option("--inventory", help="Expected inventory of real hosts "
@@ -139,6 +161,10 @@ def audit(
     store: Annotated[str | None, typer.Option("--store", help="Store DSN to read telemetry from.")] = None,
     record_store: Annotated[str | None, typer.Option("--record-store", help="Store DSN to record the audit in "
                                                      "(default: --store).")] = None,
+    record_gateway: Annotated[str, typer.Option("--record-gateway", help="OTLP gateway (HOST:PORT) to record the "
+                                                "audit through (default for --lab: the lab's).")] = "",
+    ingest_token_file: Annotated[Path | None, typer.Option("--ingest-token-file", help="Bearer token for a "
+                                                           "gateway that requires one.")] = None,
     cluster: Annotated[str, typer.Option("--cluster", help="Only telemetry of this cluster.")] = "",
     config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
 ) -> None:
@@ -154,7 +180,8 @@ def audit(
     except ValueError as exc:
         raise _fail(f"--budget: {exc}") from exc
     if lab:
-        expected, reader, driver, cluster = _lab_target(lab)
+        expected, reader, driver, cluster, lab_gateway = _lab_target(lab)
+        record_gateway = record_gateway or lab_gateway
     else:
         assert inventory is not None
         (expected, reader), driver = _real_target(inventory, store, config), None
@@ -172,12 +199,15 @@ def audit(
         raise _fail(f"cannot write the report under {out}: {exc}", 1) from exc
     from ridethrough.exporters.store import Store
 
-    recorder = Store(record_store) if record_store else None if lab else reader
-    if recorder is None:
-        typer.echo("ridethrough audit: not recorded in a store: a lab's store endpoint is read-only "
-                   "(pass --record-store DSN)", err=True)
+    if record_store:
+        _record(Store(record_store), result, page)
+    elif record_gateway:
+        _record_via_gateway(record_gateway, result, ingest_token_file)
+    elif lab:
+        typer.echo("ridethrough audit: not recorded: the lab has no gateway address (pass --record-gateway or "
+                   "--record-store)", err=True)
     else:
-        _record(recorder, result, page)
+        _record(reader, result, page)
     from ridethrough.audit_store import summary
 
     typer.echo(summary(result))

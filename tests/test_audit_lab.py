@@ -8,6 +8,7 @@ at the end (its namespaces with it).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from ridethrough.audit_cli import app as audit_app
 from ridethrough.audit_lab import LabDriver
 from ridethrough.audit_model import Status
 from ridethrough.audit_report import SECTIONS
+from ridethrough.dashboards import queries_audits
 from ridethrough.exporters.store import Store
 from ridethrough.lab import netns
 from ridethrough.lab.control import Direction, GpuFault
@@ -67,11 +69,19 @@ def test_the_cli_audits_the_lab_says_what_it_did_not_cover_and_its_report_opens(
     run = CliRunner().invoke(audit_app, ["--lab", lab.name, "--hosts", "h0,h1,h7", "--budget", "2m",
                                          "--out", str(tmp_path)])
     assert run.exit_code == 3, run.output  # partial: h7 is not in the lab; the rest passed
-    assert "not recorded in a store" in run.output
+    assert "recorded through the gateway" in run.output
     (page,) = tmp_path.glob("audit-*.html")
     check_report_sections(page, SECTIONS, anomalies=["h7"], hosts=["h0", "h1", "h7"])
     (doc,) = tmp_path.glob("audit-*.json")
     assert '"h7": "not_covered"' in doc.read_text()
+    # the lab's dashboard lists it, and serves the same report, read from the lab's own store
+    audit_id = json.loads(doc.read_text())["audit_id"]
+    store = Store(lab.server["store_http"], timeout_s=30.0)
+    listed = wait_for(lambda: [a for a in queries_audits.audits(store, cluster=lab.name) if a.audit_id == audit_id],
+                      timeout_s=60, interval_s=0.5, what="the audit in the lab's store")
+    assert listed[0].status == "partial" and listed[0].hosts == 3
+    stored = queries_audits.audit(store, audit_id)
+    assert stored is not None and stored.report_html == page.read_text()
 
 
 def test_an_agent_that_stops_reporting_leaves_its_host_not_covered_not_crashed(lab: Lab) -> None:

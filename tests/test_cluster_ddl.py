@@ -113,7 +113,8 @@ def test_retention_is_days_for_raw_months_for_rollups_years_for_the_books(store:
     for table, column in (("incidents_local", "OpenedAt"), ("actions_local", "DecidedAt")):
         assert _ttl(store, table) == f"toDateTime({column}) + toIntervalDay(1826)"
     assert _ttl(store, "otel_logs_local") == (
-        "toDateTime(TimestampTime) + toIntervalDay(90) WHERE NOT (startsWith(LogAttributes['event.name'], 'job.')), "
+        "toDateTime(TimestampTime) + toIntervalDay(90) WHERE NOT (startsWith(LogAttributes['event.name'], 'job.') "
+        "OR ((LogAttributes['event.name']) = 'audit.completed')), "
         "toDateTime(TimestampTime) + toIntervalDay(730)")
     assert _ttl(store, "otel_metrics_gauge") == "" and _ttl(store, "incidents") == ""  # single node: unchanged
 

@@ -23,7 +23,7 @@ from werkzeug.serving import make_server
 
 from ridethrough.actuators.trace_view import SpanRow
 from ridethrough.config import ConfigError
-from ridethrough.dashboards import pages_fleet, pages_gpus, pages_incident, queries, queries_incidents
+from ridethrough.dashboards import pages_fleet, pages_gpus, pages_incident, queries, queries_gpus, queries_incidents
 from ridethrough.dashboards.app import route
 from ridethrough.dashboards.config import DashboardConfig, SecretError, load_dashboard_config, read_password
 from ridethrough.dashboards.fake_fleet import FakeFleet, FleetSpec, fabric_map, generate
@@ -153,7 +153,7 @@ def test_fleet_health_shows_each_fault_at_its_host(store: Store, fleet: FakeFlee
 
 
 def test_gpu_states_and_table_rows_put_the_worst_gpu_first(store: Store, fleet: FakeFleet) -> None:
-    states = queries.gpu_states(store, now_ns=END, cluster="fake")
+    states = queries_gpus.gpu_states(store, now_ns=END, cluster="fake")
     assert len(states) == SPEC.hosts * SPEC.gpus - SPEC.gpus  # the silent host's GPUs have no state now
     assert states[(f"h{fleet.roles['gpu_failed']}", "5")] == "failed"
     rng = queries.TimeRange(END - 4 * 3600 * S, END, 24)
@@ -168,6 +168,38 @@ def test_gpu_states_and_table_rows_put_the_worst_gpu_first(store: Store, fleet: 
     assert failing["temp_max"] > 75 and len(failing["temp_spark"]) == 24
     codes = pages_gpus.gpu_series(ctx, rng, per_code=True, nodes=[failed["gpu"].split("/")[0]])[3]
     assert set(codes) == {(failed["gpu"].split("/")[0], "5", "79")}
+
+
+class _CountingStore:
+    """The store, counting the GPU inventory's reads (the only query that reads the hosts' cluster)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.inventory_reads = store, 0
+
+    def query(self, sql: str, **kw: Any) -> Any:
+        self.inventory_reads += "ridethrough.cluster'], TimeUnix)" in sql
+        return self.store.query(sql, **kw)
+
+
+def test_the_gpu_inventory_is_read_whole_once_and_then_only_what_it_does_not_know(store: Store,
+                                                                                  fleet: FakeFleet) -> None:
+    counting, now = _CountingStore(store), [0.0]
+    inventory = queries_gpus.GpuInventory(ttl_s=600, clock=lambda: now[0])
+    read: Any = counting  # duck-typed: the inventory only queries
+    first = queries_gpus.gpu_states(read, now_ns=END, cluster="fake", inventory=inventory)
+    assert first == queries_gpus.gpu_states(store, now_ns=END, cluster="fake") and counting.inventory_reads == 1
+    assert queries_gpus.gpu_states(read, now_ns=END, cluster="fake", inventory=inventory) == first
+    assert counting.inventory_reads == 1  # nothing new: no read
+    assert inventory.lookup(read, ["GPU-nowhere"], now_ns=END) == {} and counting.inventory_reads == 2
+    assert inventory.lookup(read, ["GPU-nowhere"], now_ns=END) == {} and counting.inventory_reads == 2  # remembered
+    failed = f"h{fleet.roles['gpu_failed']}"
+    (gpu_id,) = inventory.ids_on(read, [failed], now_ns=END, indexes=["5"])
+    assert inventory.lookup(read, [gpu_id], now_ns=END)[gpu_id] == queries_gpus.GpuRef(failed, "5", "fake")
+    assert inventory.ids_on(read, ["h99"], now_ns=END) == [] and counting.inventory_reads == 3  # looked for, once
+    assert inventory.ids_on(read, ["h99"], now_ns=END) == [] and counting.inventory_reads == 3
+    now[0] += 601
+    assert queries_gpus.gpu_states(read, now_ns=END, cluster="other", inventory=inventory) == {}  # not its cluster
+    assert counting.inventory_reads == 4  # read whole again after ttl_s
 
 
 def test_one_scan_reads_several_metrics_each_with_its_aggregate(store: Store) -> None:

@@ -18,6 +18,7 @@ Run: ``.venv/bin/python bench/detect_eval.py [--quick] [--scenarios a,b] [--soak
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -88,8 +89,18 @@ def opened_incidents(store_http: str, since_ns: int) -> list[Opened]:
         HAVING min(OpenedAt) >= fromUnixTimestamp64Nano(toInt64({int(since_ns)}))""")
     out = []
     for iid, kind, etype, entity, opened, evidence in rows:
-        out.append(Opened(iid, kind, etype, entity, int(opened), _evidence_hosts(evidence)))
+        out.append(Opened(iid, kind, etype, entity, int(opened), _evidence_hosts(evidence),
+                          _evidence_candidates(evidence)))
     return out
+
+
+def _evidence_candidates(evidence: str) -> tuple[str, ...]:
+    """The entities a finding could not tell apart from its own (tomography's ``candidates``)."""
+    try:
+        found = json.loads(evidence).get("candidates", [])
+    except (ValueError, AttributeError):
+        return ()
+    return tuple(sorted(c for c in found if isinstance(c, str))) if isinstance(found, list) else ()
 
 
 def _evidence_hosts(evidence: str) -> tuple[str, ...]:
@@ -146,6 +157,8 @@ def main() -> int:
     ap.add_argument("--gap-s", type=float, help="Pause after each run (default 25; --quick: 6).")
     ap.add_argument("--warmup-s", type=float, help="Seconds of telemetry before the first fault (default 30; "
                                                    "--quick: 6).")
+    ap.add_argument("--keep", action="store_true", help="Keep the lab's directory (its chDB store) after the run, "
+                                                         "to read the data the detectors saw.")
     args = ap.parse_args()
     if reason := unavailable_reason():
         print(f"detect_eval: {reason}", file=sys.stderr)
@@ -165,7 +178,10 @@ def main() -> int:
     try:
         return _evaluate(lab, spec, scenarios, soak_s=soak_s, gap_s=gap_s, warmup_s=warmup_s, quick=quick)
     finally:
-        lab.down()
+        kept = lab.state()["dir"] if args.keep else None
+        lab.down(keep_dir=args.keep)
+        if kept:
+            print(f"detect_eval: lab directory kept: {kept}", file=sys.stderr)
 
 
 def _evaluate(lab: Lab, spec: TopologySpec, scenarios: list[Scenario], *, soak_s: float, gap_s: float,
@@ -177,8 +193,11 @@ def _evaluate(lab: Lab, spec: TopologySpec, scenarios: list[Scenario], *, soak_s
     began = time.time_ns()
     runs: list[Run] = []
     jobs_dir = Path(lab.state()["dir"]) / "jobs"
-    for sc in scenarios:
-        run_id = f"{sc.name}-{len(runs)}"
+    for scenario in scenarios:
+        run_id = f"{scenario.name}-{len(runs)}"
+        # a job id is unique per launch on a real cluster: two runs' jobs must not read as one job
+        sc = dataclasses.replace(scenario, jobs=tuple(dataclasses.replace(j, name=f"{j.name}-{len(runs)}")
+                                                      for j in scenario.jobs))
         result = run_scenario(sc, lab=lab, store=None, jobs=LabJobLauncher(lab, log_dir=jobs_dir), run_id=run_id,
                               print_fn=lambda s: print(s, file=sys.stderr))
         runs.append(truth_of(sc, result, run_id))

@@ -7,9 +7,16 @@ Both read the clock service's per-node solution (``ridethrough.clock.node.offset
 A step is told from the noise and the drift of the node's own series: the offset moves by
 ``drift x dt`` between points, so each step between consecutive points is compared with the
 series' median rate times its time gap (a telemetry gap is not a jump), and the residual must
-exceed both ``jump_min_s`` and ``jump_factor`` times the median residual (its own spread). The
-``hold_points`` points after it must then all sit beyond the ``hold_points`` before it (a single
-outlier that comes back is not a step).
+exceed ``jump_min_s``, ``jump_factor`` times the median residual (its own spread), and the
+distance the clock drifts in ``lag_s``. That last bound is there because each offset is the
+solution at the time of the newest pair estimate, which trails the point's timestamp by a
+varying amount (a window skipped, an estimate that arrived late): on a clock drifting 100 ppm a
+point 5 s stale sits 500 µs off the line and the next one catches up, which is a late sample,
+not a step. The ``hold_points`` points after it must then all sit beyond the ``hold_points``
+before it (a single outlier that comes back is not a step).
+Only points the clock service had converged on count: a point whose uncertainty (same node,
+reference and time) is above ``converged_max_s`` is left out (right after a start the solution
+still moves by large amounts while its uncertainty is large), as is a NaN or infinite offset.
 A new reference node starts new series, so a change of reference is not a step either. If
 most nodes step together by the same amount under one reference, the reference's clock
 moved, not theirs: the finding names the reference.
@@ -41,6 +48,27 @@ _SERIES = f"""
 """
 """Per (node, reference): the series' points sorted by time, one per timestamp (duplicates averaged)."""
 
+_CONVERGED = f"""
+    SELECT node, reference, groupArray((t, v)) AS raw, arraySort(p -> p.1, raw) AS pts,
+           arrayMap(p -> p.1, pts) AS ts, arrayMap(p -> p.2, pts) AS vs, length(pts) AS n, max(host) AS host
+    FROM (
+        SELECT Attributes['clock.node'] AS node, Attributes['clock.reference'] AS reference, {sql.T_NS} AS t,
+               avgIf(Value, MetricName = 'ridethrough.clock.node.offset') AS v,
+               countIf(MetricName = 'ridethrough.clock.node.uncertainty') AS u_n,
+               maxIf(Value, MetricName = 'ridethrough.clock.node.uncertainty') AS u, any({sql.HOST}) AS host
+        FROM otel_metrics_gauge
+        WHERE MetricName IN ('ridethrough.clock.node.offset', 'ridethrough.clock.node.uncertainty')
+          AND {sql.IN_WINDOW} AND {sql.CLUSTER} AND NOT isNaN(Value)
+        GROUP BY node, reference, t
+        HAVING countIf(MetricName = 'ridethrough.clock.node.offset') > 0 AND isFinite(v)
+           AND (u_n = 0 OR u <= {{converged_max:Float64}})
+    )
+    WHERE node != ''
+    GROUP BY node, reference
+"""
+"""Per (node, reference): the offset points the service had converged on (uncertainty at most the bound,
+or none written at that time), sorted by time, one per timestamp (duplicates averaged)."""
+
 _STEPS = f"""
     SELECT node, reference, host, n, ts[n] AS last_ns, vs[n] AS latest, rate, spread, threshold,
            arrayReduce('median', dt) AS dt_median, arrayMap(i -> (ts[i + 1], res[i]), steps) AS steps
@@ -49,7 +77,8 @@ _STEPS = f"""
                arrayReduce('median', arrayMap((d, g) -> d / g, dv, dt)) AS rate,
                arrayMap((d, g) -> d - rate * g, dv, dt) AS res,
                arrayReduce('median', arrayMap(x -> abs(x), res)) AS spread,
-               greatest({{jump_min:Float64}}, {{jump_factor:Float64}} * spread) AS threshold,
+               greatest({{jump_min:Float64}}, {{jump_factor:Float64}} * spread, abs(rate) * 1e9 * {{lag_s:Float64}})
+                   AS threshold,
                arrayConcat([0.], arrayCumSum(res)) AS level,
                arrayFilter(i -> abs(res[i]) > threshold AND i >= {{hold:UInt32}} AND i + {{hold:UInt32}} <= n
                            AND if(res[i] > 0,
@@ -58,7 +87,7 @@ _STEPS = f"""
                                   arrayMin(arraySlice(level, i + 1 - {{hold:UInt32}}, {{hold:UInt32}}))
                                   - arrayMax(arraySlice(level, i + 1, {{hold:UInt32}}))) > threshold / 2,
                            arrayEnumerate(res)) AS steps
-        FROM ({_SERIES})
+        FROM ({_CONVERGED})
         WHERE n >= {{min_points:UInt32}}
     )
     WHERE length(steps) > 0
@@ -98,17 +127,22 @@ class ClockJump:
     name = "clock_jump"
 
     def __init__(self, *, interval_s: float = 5.0, window_s: float = 120.0, jump_min_s: float = 50e-6,
-                 jump_factor: float = 10.0, hold_points: int = 2, min_points: int = 6) -> None:
+                 jump_factor: float = 10.0, hold_points: int = 2, min_points: int = 6, lag_s: float = 10.0,
+                 converged_max_s: float = 100e-6) -> None:
+        if lag_s < 0 or converged_max_s <= 0:
+            raise ValueError(f"clock_jump: expected lag_s >= 0 and converged_max_s > 0, got {lag_s}, "
+                             f"{converged_max_s}")
         self.interval_s = interval_s
         self.window_s = window_s
         self.jump_min_s, self.jump_factor = jump_min_s, jump_factor
         self.hold_points, self.min_points = hold_points, min_points
+        self.lag_s, self.converged_max_s = lag_s, converged_max_s
 
     def detect(self, window: Window) -> list[Finding]:
         """Nodes whose offset stepped, or the reference when its nodes stepped together."""
         rows = sql.run(window, _STEPS, sql.params(
-            window, metric="ridethrough.clock.node.offset", finite_only=1, jump_min=self.jump_min_s,
-            jump_factor=self.jump_factor, hold=self.hold_points, min_points=self.min_points))
+            window, jump_min=self.jump_min_s, jump_factor=self.jump_factor, lag_s=self.lag_s,
+            converged_max=self.converged_max_s, hold=self.hold_points, min_points=self.min_points))
         nodes = self._series_nodes(window)
         by_ref: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
@@ -123,10 +157,10 @@ class ClockJump:
 
     def _series_nodes(self, window: Window) -> dict[str, set[str]]:
         """Per reference, the nodes with a series long enough to judge (the reference itself left out)."""
-        sql_text = f"SELECT reference, groupUniqArray(node) AS nodes FROM ({_SERIES}) " \
+        sql_text = f"SELECT reference, groupUniqArray(node) AS nodes FROM ({_CONVERGED}) " \
                    "WHERE n >= {min_points:UInt32} AND node != reference GROUP BY reference"
-        rows = sql.run(window, sql_text, sql.params(window, metric="ridethrough.clock.node.offset",
-                                                     finite_only=1, min_points=self.min_points))
+        rows = sql.run(window, sql_text, sql.params(window, converged_max=self.converged_max_s,
+                                                     min_points=self.min_points))
         return {r["reference"]: set(r["nodes"]) for r in rows}
 
     @staticmethod
@@ -147,7 +181,8 @@ class ClockJump:
                         f"(threshold {r['threshold'] * 1e6:.1f} µs)", int(r["last_ns"]), window,
                         {"query": "clock_offset_steps", "reference": r["reference"], "step_s": size,
                          "step_at_ns": int(at_ns), "steps": len(r["steps"]), "threshold_s": r["threshold"],
-                         "spread_s": r["spread"], "drift_s_per_s": r["rate"] * 1e9, "points": r["n"]}, 0.8)
+                         "lag_s": self.lag_s, "spread_s": r["spread"], "drift_s_per_s": r["rate"] * 1e9,
+                         "points": r["n"]}, 0.8)
 
     def _reference(self, reference: str, rows: list[dict[str, Any]], window: Window) -> Finding:
         # every offset is node minus reference: the nodes moved opposite to the reference
@@ -193,7 +228,9 @@ def build(cfg: object) -> list[Detector]:
                   window_s=getattr(cfg, "clock_jump_window_s", 120.0),
                   jump_min_s=getattr(cfg, "clock_jump_min_s", 50e-6),
                   jump_factor=getattr(cfg, "clock_jump_factor", 10.0),
-                  hold_points=getattr(cfg, "clock_jump_hold_points", 2)),
+                  hold_points=getattr(cfg, "clock_jump_hold_points", 2),
+                  lag_s=getattr(cfg, "clock_jump_lag_s", 10.0),
+                  converged_max_s=getattr(cfg, "clock_uncertainty_max_s", 100e-6)),
         ClockUnsynced(interval_s=getattr(cfg, "clock_unsynced_interval_s", 10.0),
                       window_s=getattr(cfg, "clock_unsynced_window_s", 300.0),
                       uncertainty_max_s=getattr(cfg, "clock_uncertainty_max_s", 100e-6),

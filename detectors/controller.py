@@ -169,25 +169,31 @@ class Controller:
         now = self._clock() if now_ns is None else now_ns
         if not self._tracker.loaded:
             self._tracker.load()
-        findings: list[Finding] = []
-        ran: set[str] = set()
-        for d in self._detectors:
-            with self._due_lock:
-                if self._next_ns[d.name] > now:
-                    continue
-                self._next_ns[d.name] = now + round(max(d.interval_s, self._floor_s) * 1e9)
-            result = self._run(d, now)
-            if result is not None:
-                ran.add(d.name)
-                findings += result
-        if not ran:
-            return []
-        transitions = self._tracker.observe(findings, now, ran=ran)
-        for t in transitions:
-            self.metrics.transitions.labels(transition=t.kind.value).inc()
-        self.metrics.incidents_open.set(len(self._tracker.open()))
-        self._emit_safely(transitions)
-        return transitions
+        out: list[Transition] = []
+        # One detector at a time, its findings folded at once: a slow detector does not hold back
+        # another's incident, and one the live feed wakes meanwhile runs next, not after the round.
+        while (d := self._take_due(now)) is not None:
+            at = now if now_ns is not None else self._clock()  # a fresh window for a run late in the round
+            result = self._run(d, at)
+            if result is None:
+                continue
+            transitions = self._tracker.observe(result, at, ran={d.name})
+            for t in transitions:
+                self.metrics.transitions.labels(transition=t.kind.value).inc()
+            self.metrics.incidents_open.set(len(self._tracker.open()))
+            self._emit_safely(transitions)
+            out += transitions
+        return out
+
+    def _take_due(self, now: int) -> Detector | None:
+        """The next detector to run at ``now`` (a woken one first), marked as run; None when none is due."""
+        with self._due_lock:
+            due = [d for d in self._detectors if self._next_ns[d.name] <= now]
+            if not due:
+                return None
+            d = min(due, key=lambda x: self._next_ns[x.name])  # woken ones are at 0; else in list order
+            self._next_ns[d.name] = now + round(max(d.interval_s, self._floor_s) * 1e9)
+            return d
 
     def _run(self, d: Detector, now: int) -> list[Finding] | None:
         window = Window(start_ns=now - round(d.window_s * 1e9), end_ns=now, query=self._query, cluster=self._cluster)

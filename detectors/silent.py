@@ -6,6 +6,8 @@ This is the only detector a telemetry gap may trigger; every other one reads abs
 
 from __future__ import annotations
 
+from typing import Any
+
 from ridethrough.detectors import sql
 from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
 
@@ -29,8 +31,19 @@ No upper time bound: a node whose clock ran ahead still counts as heard from."""
 
 
 class AgentSilent:
-    """A node with data in the window (default: the last hour) but none in the last
-    ``silent_after_s`` seconds before the window's end."""
+    """A node with data in the window (default: the last hour) but none in the ``silent_after_s``
+    seconds before the freshest node's newest point (or the window's end, if that is sooner).
+    A store that lags behind all agents alike (an ingest stall) silences no one; the price is
+    that a whole fleet going quiet at once is not reported here (it cannot be told from a
+    stalled gateway or store from the store alone).
+
+    Scanning an hour of every table each run is the costliest query of all, and the live
+    feed's fast detectors wait for the run in progress. So the detector remembers each node's
+    newest point, per cluster, and after the first window reads only what came since its last
+    run (less ``silent_after_s``, for rows that land late); a window that does not follow on
+    (time went back, or a gap longer than the window) is read in full again. Nodes older than
+    the window are forgotten, as the full query would.
+    """
 
     name = "agent_silent"
 
@@ -38,22 +51,45 @@ class AgentSilent:
         self.interval_s = interval_s
         self.window_s = window_s
         self.silent_after_s = silent_after_s
+        self._seen: dict[str, tuple[int, dict[str, tuple[int, str]]]] = {}
+        """Per cluster: the end of the last window read, and node → (newest point ns, host)."""
 
     def detect(self, window: Window) -> list[Finding]:
         """One finding per silent node."""
-        silent_before = window.end_ns - int(self.silent_after_s * 1e9)
-        rows = sql.run(window, _SQL, sql.params(window, silent_before=silent_before))
+        last = self._refresh(window)
+        # Silent against the freshest node, not the wall clock: when the gateway or the store falls behind,
+        # every node's newest point ages alike and none is silent; a frozen host falls behind the others.
+        newest = min(window.end_ns, max((t for t, _ in last.values()), default=0))
+        silent_before = newest - int(self.silent_after_s * 1e9)
+        rows: list[dict[str, Any]] = [{"node": node, "host": host, "last_ns": t, "behind_s": (newest - t) / 1e9}
+                                      for node, (t, host) in sorted(last.items()) if t < silent_before]
         return [
             Finding(
                 detector=self.name, kind=FindingKind.AGENT_SILENT, entity_type=EntityType.HOST, entity=r["node"],
                 severity=Severity.ERROR, confidence=0.9,
-                summary=f"{r['node']} silent for {(window.end_ns - r['last_ns']) / 1e9:.0f} s",
+                summary=f"{r['node']} silent for {r['behind_s']:.0f} s while other nodes reported",
                 observed_at_ns=int(r["last_ns"]), cluster=window.cluster,
                 evidence={"query": "node_last_seen", "host": r["host"], "last_seen_ns": int(r["last_ns"]),
-                          "silent_s": (window.end_ns - r["last_ns"]) / 1e9, "silent_after_s": self.silent_after_s},
+                          "silent_s": r["behind_s"], "silent_after_s": self.silent_after_s},
             )
             for r in rows
         ]
+
+    def _refresh(self, window: Window) -> dict[str, tuple[int, str]]:
+        """Every node's newest point seen since the window's start (query ``node_last_seen``)."""
+        prev_end, known = self._seen.get(window.cluster, (0, {}))
+        follows = window.start_ns <= prev_end <= window.end_ns
+        start = max(window.start_ns, prev_end - int(self.silent_after_s * 1e9)) if follows else window.start_ns
+        seen = dict(known) if follows else {}
+        # no node is "silent before" the far future: every node read since ``start``, with its newest point
+        rows = sql.run(window, _SQL, {**sql.params(window, silent_before=2**62), "start": start})
+        for r in rows:
+            t = int(r["last_ns"])
+            if t > seen.get(r["node"], (0, ""))[0]:
+                seen[r["node"]] = (t, r["host"])
+        seen = {n: v for n, v in seen.items() if v[0] >= window.start_ns}
+        self._seen[window.cluster] = (window.end_ns, seen)
+        return seen
 
 
 def build(cfg: object) -> list[Detector]:

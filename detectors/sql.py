@@ -103,23 +103,33 @@ def gauge_series(window: Window, metric: str, attrs: Sequence[str], *, up_value:
 
 
 def counter_series(window: Window, metric: str, attrs: Sequence[str], *,
-                   match: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+                   match: Mapping[str, Sequence[str]] | None = None, split_ns: int | None = None
+                   ) -> list[dict[str, Any]]:
     """Per cumulative counter series in the window: ``increase`` (sum of positive steps),
-    ``increase_first``/``increase_second`` (the same for each half of the window),
-    ``latest`` and ``last_ns``."""
+    ``increase_first``/``increase_second`` (the same before and after ``split_ns``, by default
+    the window's middle), ``rises`` (how many steps between points were positive: a burst
+    counts once however large), ``last_increase`` (the step between the two newest points; 0
+    for a decrease or a single point), ``last_rise_ns`` (the point that ended the last positive step; 0
+    when none), ``latest`` and ``last_ns``."""
     cols, bound = _keys(attrs)
     where, mbound = _match(match or {})
+    split = _MID if split_ns is None else "{split:Int64}"
     sql = f"""
         SELECT {NODE} AS node, any({HOST}) AS host_any, {cols},
                {_increase(_points())} AS increase,
-               {_increase(_points(f"{T_NS} <= {_MID}"))} AS increase_first,
-               {_increase(_points(f"{T_NS} >= {_MID}"))} AS increase_second,
+               {_increase(_points(f"{T_NS} <= {split}"))} AS increase_first,
+               {_increase(_points(f"{T_NS} >= {split}"))} AS increase_second,
+               arrayCount(d -> d > 0, arrayDifference(arrayMap(p -> p.2, {_points()}))) AS rises,
+               greatest(arrayElement(arrayDifference(arrayMap(p -> p.2, {_points()})), -1), 0) AS last_increase,
+               arrayMax(arrayMap((d, p) -> if(d > 0, p.1, 0), arrayDifference(arrayMap(p -> p.2, {_points()})),
+                                 {_points()})) AS last_rise_ns,
                argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns
         FROM otel_metrics_sum
         WHERE MetricName = {{metric:String}} AND {IN_WINDOW} AND {CLUSTER}{where}
         GROUP BY node, {", ".join(f"k{i}" for i in range(len(attrs)))}
     """
-    rows = run(window, sql, params(window, metric=metric, **bound, **mbound))
+    extra = {} if split_ns is None else {"split": split_ns}
+    rows = run(window, sql, params(window, metric=metric, **bound, **mbound, **extra))
     for row in rows:
         row["host"] = row.pop("host_any")
     return _rename(rows, attrs)
@@ -184,24 +194,40 @@ PROBE_PATH = ("probe.src.node", "probe.src.nic", "probe.dst.node", "probe.dst.ni
 PathKey = tuple[str, str, str, str]
 
 
-def probe_loss(window: Window) -> dict[PathKey, dict[str, float]]:
+def probe_loss(window: Window, *, recent_s: float = 5.0) -> dict[PathKey, dict[str, float]]:
     """Per probed path in the window: ``sent``, ``lost_forward`` and ``lost_reverse`` (counter
-    increases: resets and duplicates add nothing), ``suspended`` (1.0 if the prober's latest
-    point in the window says the path is suspended, else 0.0) and ``last_ns``."""
+    increases: resets and duplicates add nothing), the same over the last ``recent_s`` seconds
+    (``sent_recent``, ``lost_forward_recent``, ``lost_reverse_recent``), the same over the newest
+    collection alone (``sent_last``, ``lost_forward_last``, ``lost_reverse_last``), ``loss_rises_forward`` and
+    ``loss_rises_reverse`` (how many collections saw new losses: a one-off burst is 1),
+    ``loss_last_ns_forward`` and ``loss_last_ns_reverse`` (when the last new loss was seen; 0 for none),
+    ``suspended`` (1.0 if the prober's latest point in the window says the path is suspended,
+    else 0.0) and ``last_ns``."""
     out: dict[PathKey, dict[str, float]] = {}
+    split = window.end_ns - round(recent_s * 1e9)
 
     def entry(row: dict[str, Any]) -> dict[str, float]:
         key = (row["probe.src.node"], row["probe.src.nic"], row["probe.dst.node"], row["probe.dst.nic"])
-        got = out.setdefault(key, {"sent": 0.0, "lost_forward": 0.0, "lost_reverse": 0.0, "suspended": 0.0,
-                                   "last_ns": 0})
+        got = out.setdefault(key, {"sent": 0.0, "lost_forward": 0.0, "lost_reverse": 0.0, "sent_recent": 0.0,
+                                   "lost_forward_recent": 0.0, "lost_reverse_recent": 0.0, "loss_rises_forward": 0.0,
+                                   "loss_rises_reverse": 0.0, "loss_last_ns_forward": 0, "loss_last_ns_reverse": 0,
+                                   "suspended": 0.0, "last_ns": 0})
         got["last_ns"] = max(int(got["last_ns"]), int(row["last_ns"]))  # an int: ns do not fit a float
         return got
 
-    for row in counter_series(window, "ridethrough.probe.sent", PROBE_PATH):
+    for row in counter_series(window, "ridethrough.probe.sent", PROBE_PATH, split_ns=split):
         entry(row)["sent"] += row["increase"]
+        entry(row)["sent_recent"] += row["increase_second"]
+        entry(row)["sent_last"] = entry(row).get("sent_last", 0.0) + row["last_increase"]
     for row in counter_series(window, "ridethrough.probe.lost", (*PROBE_PATH, "probe.direction"),
-                              match={"probe.direction": ["forward", "reverse"]}):
-        entry(row)[f"lost_{row['probe.direction']}"] += row["increase"]
+                              match={"probe.direction": ["forward", "reverse"]}, split_ns=split):
+        direction = row["probe.direction"]
+        entry(row)[f"lost_{direction}"] += row["increase"]
+        entry(row)[f"lost_{direction}_recent"] += row["increase_second"]
+        entry(row)[f"lost_{direction}_last"] = entry(row).get(f"lost_{direction}_last", 0.0) + row["last_increase"]
+        entry(row)[f"loss_rises_{direction}"] += row["rises"]
+        last = f"loss_last_ns_{direction}"
+        entry(row)[last] = max(entry(row).get(last, 0), row["last_rise_ns"])
     for row in gauge_series(window, "ridethrough.probe.path.suspended", PROBE_PATH):
         entry(row)["suspended"] = max(entry(row)["suspended"], float(row["latest"] == 1.0))
     return out

@@ -20,17 +20,29 @@ _RANK_MEDIANS = f"""
            median(med) OVER (PARTITION BY job) AS job_med,
            count() OVER (PARTITION BY job) AS ranks
     FROM (
-        SELECT Attributes['job.id'] AS job, Attributes['job.rank'] AS rank,
-               any({sql.NODE}) AS node, any({sql.HOST}) AS host,
-               median(Value) AS med, uniqExact({sql.T_NS}) AS steps, max({sql.T_NS}) AS last_ns
-        FROM (SELECT DISTINCT * FROM otel_metrics_gauge
-              WHERE MetricName = 'ridethrough.job.step.duration' AND {sql.IN_WINDOW} AND {sql.CLUSTER})
-        GROUP BY job, rank
+        SELECT job, rank, node, any(host) AS host, groupUniqArray((step, dur)) AS pts,
+               arrayReduce('median', arrayMap(p -> p.2, pts)) AS med, length(pts) AS steps, max(t) AS last_ns
+        FROM (
+            SELECT Attributes['job.id'] AS job, Attributes['job.rank'] AS rank, {sql.NODE} AS node,
+                   any({sql.HOST}) AS host, {sql.T_NS} AS t,
+                   anyIf(Value, MetricName = 'ridethrough.job.step.duration') AS dur,
+                   if(countIf(MetricName = 'ridethrough.job.step.last') > 0,
+                      anyIf(Value, MetricName = 'ridethrough.job.step.last'), -toFloat64(t)) AS step
+            FROM otel_metrics_gauge
+            WHERE MetricName IN ('ridethrough.job.step.duration', 'ridethrough.job.step.last')
+              AND {sql.IN_WINDOW} AND {sql.CLUSTER}
+            GROUP BY job, rank, node, t
+            HAVING countIf(MetricName = 'ridethrough.job.step.duration') > 0
+        )
+        GROUP BY job, rank, node
         HAVING steps >= {{min_steps:UInt64}}
     )
 """
-"""Query ``rank_step_medians``: per rank, the median step duration (duplicate rows removed,
-ranks with too few samples left out), beside its job's median of rank medians."""
+"""Query ``rank_step_medians``: per rank (on its node), the median duration of its distinct steps in the
+window, beside its job's median of rank medians. The agent re-reports a rank's last step at every
+collection until it forgets the rank, so points are told apart by ``step.last`` (the step number; the
+time where it is missing): a rank that stopped stepping, or is gone, has one step and is left out
+with the ranks that have too few, and a duplicated row or a re-reported step counts once."""
 
 
 def _compute_per_step(window: Window) -> list[dict[str, Any]]:
@@ -55,16 +67,18 @@ class Straggler:
     rank and at least an absolute margin slower, by one of two measures:
 
     * compute seconds per step (``job.phase.time{phase=compute}`` over ``job.steps``, the window's second half,
-      at least ``min_steps`` steps; margin ``min_compute_excess_s``);
-    * the median of ``step.duration`` points (at least ``min_steps``, one per collection, so a long step is
-      counted once per collection it spans; margin ``min_excess_s``)."""
+      at least ``min_steps`` steps, in a job whose ranks' step counts agree within ``max_step_spread``;
+      margin ``min_compute_excess_s``);
+    * for a rank that reports no compute phase, the median duration of the distinct steps it
+      reported (at least ``min_steps``; margin ``min_excess_s``)."""
 
     name = "straggler"
 
     def __init__(self, *, interval_s: float = 10.0, window_s: float = 120.0, factor: float = 1.5,
                  min_excess_s: float = 0.05, min_steps: int = 5, min_ranks: int = 2,
-                 min_compute_excess_s: float = 0.003) -> None:
+                 min_compute_excess_s: float = 0.003, max_step_spread: float = 0.25) -> None:
         self.min_compute_excess_s = min_compute_excess_s
+        self.max_step_spread = max_step_spread
         self.interval_s = interval_s
         self.window_s = window_s
         self.factor = factor
@@ -79,19 +93,37 @@ class Straggler:
         for r in _compute_per_step(window):
             by_job.setdefault(r["job"], []).append(r)
         for ranks in by_job.values():
+            if not self._in_step(ranks):
+                continue
             job_med = statistics.median(r["value"] for r in ranks)
             for r in ranks:
                 if (len(ranks) >= self.min_ranks and r["steps"] >= self.min_steps
                         and r["value"] > self.factor * job_med and r["value"] - job_med >= self.min_compute_excess_s):
                     f = self._finding(r, window, "rank_compute_per_step", "compute per step", job_med, len(ranks))
                     found[f.entity] = f
+        # A rank that reports its compute phase is judged by it: in a lockstep job every rank's step time is
+        # the slowest rank's, so there it shows only noise; step time is the measure for the other ranks.
+        phased = {(r["job"], r["rank"]) for ranks in by_job.values() for r in ranks}
         for r in sql.run(window, _RANK_MEDIANS, sql.params(window, min_steps=self.min_steps)):
+            if (r["job"], r["rank"]) in phased:
+                continue
             if (r["ranks"] >= self.min_ranks and r["med"] > self.factor * r["job_med"]
                     and r["med"] - r["job_med"] >= self.min_excess_s):
                 f = self._finding({**r, "value": r["med"]}, window, "rank_step_medians", "median step", r["job_med"],
                                   r["ranks"])
                 found.setdefault(f.entity, f)
         return list(found.values())
+
+    def _in_step(self, ranks: list[dict[str, Any]]) -> bool:
+        """Whether a job's ranks finished about as many steps as each other in the recent half.
+
+        In a lockstep job they do (each waits for the others), so counts that disagree by more
+        than ``max_step_spread`` of their median mean the window is not comparable: ranks still
+        joining or restarting, or a rank whose reports lag; judging compute per step then would
+        blame whoever happened to start first."""
+        counts = [r["steps"] for r in ranks]
+        mid = statistics.median(counts)
+        return bool(mid > 0 and (max(counts) - min(counts)) <= self.max_step_spread * mid)
 
     def _finding(self, r: dict[str, Any], window: Window, query: str, what: str, job_value: float,
                  ranks: int) -> Finding:
@@ -114,4 +146,5 @@ def build(cfg: object) -> list[Detector]:
                       min_excess_s=getattr(cfg, "straggler_min_excess_s", 0.05),
                       min_steps=getattr(cfg, "straggler_min_steps", 5),
                       min_ranks=getattr(cfg, "straggler_min_ranks", 2),
-                      min_compute_excess_s=getattr(cfg, "straggler_min_compute_excess_s", 0.003))]
+                      min_compute_excess_s=getattr(cfg, "straggler_min_compute_excess_s", 0.003),
+                      max_step_spread=getattr(cfg, "straggler_max_step_spread", 0.25))]

@@ -26,6 +26,7 @@ separate (``candidates`` in the evidence, confidence split between them).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -122,6 +123,23 @@ def _pick(bad: Mapping[str, Mapping[str, float]], crossers: Mapping[str, list[st
 class Tomography:
     """Links that explain the lossy probe paths (see the module docstring).
 
+    The defaults sit above healthy noise measured in the lab under heavy CPU load (probers and
+    responders starved, not links): per direction over 60 s, p99 loss 3.4 %, at most 5.8 %, on
+    a few scattered paths; a bad link takes down or makes lossy every path it carries (on a
+    host link 12 or more directions, on a leaf-spine link half the cross-rack ones, each at
+    weight 1/2 under the design map), so ``loss_bad_ratio`` 5 % and ``min_paths`` 4 leave the
+    noise out and real faults in.
+
+    A lossy direction is bad only when new losses showed in at least ``min_loss_rises``
+    collections of the window (one burst, such as a peer that was not answering yet at start,
+    is neither bad nor good) and the last of them within ``recent_s`` of its newest point (a
+    link that came back up has stopped losing, whatever the window still holds). A path whose
+    last ``dead_s`` seconds, or newest collection, lost at least ``down_ratio`` of at least
+    ``min_recent_probes`` probes is dead now, whatever its older history (a cut seconds ago is a link down, not a
+    link losing a share of its packets). Paths to a node whose own prober has reported nothing
+    for ``quiet_s`` while others did are left out altogether: a frozen host takes every path to
+    it down, which is not a link's doing (AgentSilent reports it).
+
     Queries: ``probe_loss`` (per path, probes sent and lost by direction, suspended) and
     ``probe_rtt_shift`` (per path, the p50 RTT of the last ``recent_s`` against the rest of
     the window: a queue when at least half the recent points exceed ``queue_factor`` times the
@@ -131,9 +149,11 @@ class Tomography:
     name = "tomography"
 
     def __init__(self, *, routes: RouteMap | Callable[[], RouteMap], interval_s: float = 10.0,
-                 window_s: float = 60.0, loss_bad_ratio: float = 0.02, loss_good_ratio: float = 0.002,
-                 down_ratio: float = 0.9, min_probes: int = 20, min_paths: float = 2.0, min_share: float = 0.6,
-                 recent_s: float = 20.0, queue_factor: float = 1.5, queue_margin_s: float = 50e-6) -> None:
+                 window_s: float = 60.0, loss_bad_ratio: float = 0.05, loss_good_ratio: float = 0.002,
+                 down_ratio: float = 0.9, min_probes: int = 20, min_paths: float = 4.0, min_share: float = 0.6,
+                 recent_s: float = 20.0, queue_factor: float = 1.5, queue_margin_s: float = 50e-6,
+                 min_loss_rises: int = 3, dead_s: float = 3.0, min_recent_probes: int = 3,
+                 quiet_s: float = 10.0) -> None:
         if not 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1:
             raise ValueError("tomography: expected 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1")
         self._routes: Callable[[], RouteMap]
@@ -147,6 +167,8 @@ class Tomography:
         self.loss_bad_ratio, self.loss_good_ratio, self.down_ratio = loss_bad_ratio, loss_good_ratio, down_ratio
         self.min_probes, self.min_paths, self.min_share = min_probes, min_paths, min_share
         self.recent_s, self.queue_factor, self.queue_margin_s = recent_s, queue_factor, queue_margin_s
+        self.min_loss_rises, self.dead_s, self.min_recent_probes = min_loss_rises, dead_s, min_recent_probes
+        self.quiet_s = quiet_s
 
     def detect(self, window: Window) -> list[Finding]:
         """One finding per link the set cover chose."""
@@ -154,7 +176,15 @@ class Tomography:
         queued = self._queued(window)
         observations: list[Observation] = []
         last_ns: dict[str, int] = {}
-        for key, stats in sql.probe_loss(window).items():
+        loss_by_path = sql.probe_loss(window, recent_s=self.dead_s)
+        # Nodes whose own prober reported within quiet_s of the freshest one (relative, so that a store
+        # that lags behind every agent alike silences no one): a path to a node that went quiet dies with
+        # the node, not with a link (AgentSilent tells that case), so it is no evidence about links.
+        newest = max((int(st["last_ns"]) for st in loss_by_path.values()), default=0)
+        alive = {key[0] for key, st in loss_by_path.items() if int(st["last_ns"]) >= newest - self.quiet_s * 1e9}
+        for key, stats in loss_by_path.items():
+            if key[2] not in alive:
+                continue
             for o in self._observe(key, stats, routes, key in queued):
                 observations.append(o)
                 last_ns[o.path] = int(stats["last_ns"])
@@ -173,16 +203,27 @@ class Tomography:
                  queued: bool) -> list[Observation]:
         fwd, rev = path_id(*key, "forward"), path_id(*key, "reverse")
         sent, lost_fwd = stats["sent"], stats["lost_forward"]
-        if stats["suspended"] or (sent >= self.min_probes and lost_fwd >= self.down_ratio * sent):
+        recent, lost_recent = stats.get("sent_recent", 0.0), stats.get("lost_forward_recent", 0.0)
+        last, lost_last = stats.get("sent_last", 0.0), stats.get("lost_forward_last", 0.0)
+        # dead over the last dead_s, or over the newest collection alone (collections come seconds apart
+        # on a loaded host, and the first one after a cut already says it)
+        dead_now = ((recent >= self.min_recent_probes and lost_recent >= self.down_ratio * recent)
+                    or (last >= self.min_recent_probes and lost_last >= self.down_ratio * last))
+        if stats["suspended"] or dead_now or (sent >= self.min_probes and lost_fwd >= self.down_ratio * sent):
             # No reply comes back, so the prober cannot tell which way its probes died: either route may hold the fault.
             either = routes.routes(fwd) + routes.routes(rev)
             return [Observation(path_id(*key, "both"), either, True, 1.0)] if either else []
         out: list[Observation] = []
-        for pid, n, lost in ((fwd, sent, lost_fwd), (rev, sent - lost_fwd, stats["lost_reverse"])):
+        healed_before = int(stats["last_ns"]) - round(self.recent_s * 1e9)
+        for pid, n, lost, way in ((fwd, sent, lost_fwd, "forward"), (rev, sent - lost_fwd, stats["lost_reverse"],
+                                                                      "reverse")):
             # reverse loss is out of the probes that reached the peer: the others never had a way back
             if n < self.min_probes or not routes.routes(pid):
                 continue
             ratio = min(1.0, lost / n)
+            rises, last_loss_ns = stats.get(f"loss_rises_{way}", math.inf), stats.get(f"loss_last_ns_{way}", math.inf)
+            if ratio >= self.loss_bad_ratio and (rises < self.min_loss_rises or last_loss_ns < healed_before):
+                continue  # one burst (a peer starting), or loss that stopped (a link back up): neither bad nor good
             if ratio >= self.loss_bad_ratio and not queued:
                 out.append(Observation(pid, routes.routes(pid), True, ratio))
             elif ratio <= self.loss_good_ratio:
@@ -192,7 +233,10 @@ class Tomography:
     def _finding(self, b: Blame, loss: Mapping[str, float], last_ns: Mapping[str, int], window: Window) -> Finding:
         losses = sorted(loss[p] for p in b.explained)
         median = losses[len(losses) // 2]
-        down = median >= self.down_ratio
+        # A cut is seen path by path (each prober learns it at its next collection): once a third of the
+        # paths it explains are dead, the link is down, not losing a share of its packets.
+        dead = sum(1 for p in b.explained if loss[p] >= self.down_ratio)
+        down = median >= self.down_ratio or 3 * dead >= len(b.explained)
         others = [c for c in b.candidates if c != b.link]
         summary = (f"{b.link} {'down' if down else 'losing packets'}: explains {len(b.explained)} bad path(s) "
                    f"(median loss {median:.1%}); {len(b.contradicting)} good path(s) cross it"
@@ -218,9 +262,11 @@ def build(cfg: object) -> list[Detector]:
     return [Tomography(routes=RouteFile(path),
                        interval_s=getattr(cfg, "tomography_interval_s", 10.0),
                        window_s=getattr(cfg, "tomography_window_s", 60.0),
-                       loss_bad_ratio=getattr(cfg, "tomography_loss_bad_ratio", 0.02),
+                       loss_bad_ratio=getattr(cfg, "tomography_loss_bad_ratio", 0.05),
                        loss_good_ratio=getattr(cfg, "tomography_loss_good_ratio", 0.002),
                        down_ratio=getattr(cfg, "tomography_down_ratio", 0.9),
                        min_probes=getattr(cfg, "tomography_min_probes", 20),
-                       min_paths=getattr(cfg, "tomography_min_paths", 2.0),
-                       min_share=getattr(cfg, "tomography_min_share", 0.6))]
+                       min_paths=getattr(cfg, "tomography_min_paths", 4.0),
+                       min_share=getattr(cfg, "tomography_min_share", 0.6),
+                       min_loss_rises=getattr(cfg, "tomography_min_loss_rises", 3),
+                       dead_s=getattr(cfg, "tomography_dead_s", 3.0))]

@@ -2,7 +2,8 @@
 
 A truth fault (one row of ``lab_truth``: a kind such as ``link_down`` on an entity such as
 ``h2-leaf0r1``) is **detected** when an incident of an accepted kind names that entity, or a part of
-it (a NIC at either end of the link, a GPU's host), and opened while the fault could be seen: from
+it (a NIC at either end of the link, a GPU's host, a link among the candidates the incident could
+not tell apart), and opened while the fault could be seen: from
 ``started - lead`` (a prediction may come before a precursor is scripted to show) up to ``grace``
 after it ended. It is **localised** when the incident names exactly the truth's entity (the link,
 not a NIC at its end). An incident that matches no truth fault of its run is a false positive.
@@ -48,7 +49,8 @@ def _k(*kinds: str) -> frozenset[str]:
 _GPU_WARN = Expect(predict=_k("gpu_failing"), hard=_k("gpu_failed"))
 EXPECT: Mapping[str, Expect] = {
     "link_down": Expect(hard=_k("link_down", "link_flap")),
-    "link_flap": Expect(hard=_k("link_flap", "link_down")),
+    # a link that keeps going down loses packets: tomography's "losing packets" names the right fault
+    "link_flap": Expect(hard=_k("link_flap", "link_down"), other=_k("link_degrading")),
     "link_errors": Expect(predict=_k("link_degrading"), hard=_k("link_down", "link_flap")),
     "link_degraded": Expect(predict=_k("link_degrading")),
     "link_degrading": Expect(predict=_k("link_degrading")),
@@ -96,6 +98,9 @@ class Opened:
     opened_ns: int
     hosts: tuple[str, ...] = ()
     """Hosts the incident's evidence names (a rank's host, a path's ends), for coarse matching."""
+    candidates: tuple[str, ...] = ()
+    """Entities the evidence says the data cannot tell apart from ``entity`` (ECMP members of a leaf-spine
+    link, under a design route map): naming the truth among them detects it, without localising it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +162,8 @@ def matches(fault: TruthFault, inc: Opened, *, nic_link: Callable[[str], str | N
     """(detected, localised): does ``inc`` name ``fault``'s entity, or a part of it?"""
     if inc.entity == fault.entity:
         return True, True
+    if fault.entity in inc.candidates:
+        return True, False
     ends = link_ends(fault.entity)
     if ends:
         # a NIC at one end of the link: found, but not localised to the link

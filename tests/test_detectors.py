@@ -328,3 +328,76 @@ def test_every_detector_honours_the_contract(store: Store) -> None:
         for f in run(store, det, ""):  # every cluster written so far
             assert isinstance(f.kind, FindingKind) and f.detector == det.name
             assert f.observed_at_ns > 0 and f.evidence and 0 <= f.confidence <= 1
+
+
+def test_straggler_ignores_a_rank_that_stopped_stepping(store: Store) -> None:
+    """The agent re-reports a rank's last step at every collection until it forgets the rank: a rank that
+    ended (or hangs) after one slow step is not a straggler; the control, whose steps advance, is."""
+    c = "straggler-stale"
+    attrs = {"job.id": "j1", "job.rank": "7"}
+    stale = (series(c, "h9", "ridethrough.job.step.duration", attrs, [2.0] * N)
+             + series(c, "h9", "ridethrough.job.step.last", attrs, [42.0] * N))
+    _write(store, c, _healthy_job(c) + stale, twice=True)
+    assert run(store, straggler.Straggler(), c) == []
+    c = "straggler-advancing"
+    moving = (series(c, "h9", "ridethrough.job.step.duration", attrs, [2.0] * N)
+              + series(c, "h9", "ridethrough.job.step.last", attrs, [float(i) for i in range(N)]))
+    _write(store, c, _healthy_job(c) + moving)
+    _one(run(store, straggler.Straggler(), c), FindingKind.STRAGGLER, "j1/rank7")
+
+
+def test_straggler_by_compute_time_waits_for_ranks_in_step(store: Store) -> None:
+    """Rank 3 computes 4x longer but has done half the others' steps lately (it is still joining, or its
+    reports lag): the job's ranks are not in step, so compute per step is not compared."""
+    c = "straggler-out-of-step"
+    rows = [r for r in _healthy_job(c) if r["Attributes"]["job.rank"] != "3"]
+    attrs = {"job.id": "j1", "job.rank": "3", "job.customer": "acme"}
+    steps = [float(i * STEP_S // 2) for i in range(N)]
+    rows += (series(c, "h3", "ridethrough.job.steps", attrs, steps)
+             + series(c, "h3", "ridethrough.job.phase.time", {**attrs, "job.phase": "compute"},
+                      [n * 0.040 for n in steps]))
+    _write(store, c, rows)
+    assert run(store, straggler.Straggler(), c) == []
+    assert run(store, straggler.Straggler(max_step_spread=10.0), c)  # the control: judged anyway, it is blamed
+
+
+def test_agent_silent_reads_on_from_its_last_window(store: Store) -> None:
+    """One detector run window after window (as the controller runs it) finds what a fresh one finds,
+    forgets a node older than its window, and reads in full again after time went back."""
+    c = "silent-incremental"
+    rows = (series(c, "alive", "ridethrough.nic.up", {"network.interface.name": "nic0"}, [1] * N)
+            + series(c, "gone", "ridethrough.nic.up", {"network.interface.name": "nic0"}, [1] * 30))
+    _write(store, c, rows)
+    det = silent.AgentSilent(window_s=200.0)
+    for end in range(T0 + 100 * S, END + 1, 25 * S):
+        fresh = silent.AgentSilent(window_s=200.0)
+        expected = [f.entity for f in run(store, fresh, c, end_ns=end)]
+        assert [f.entity for f in run(store, det, c, end_ns=end)] == expected
+    assert [f.entity for f in run(store, det, c, end_ns=END)] == ["gone"]
+    # 200 s after its last point "gone" leaves the window, and the finding with it; "alive", the freshest
+    # node left, is silent against no one
+    assert run(store, det, c, end_ns=T0 + 145 * S + 200 * S + 5 * S) == []
+    assert [f.entity for f in run(store, det, c, end_ns=END)] == ["gone"]  # back in time: read in full
+
+
+def test_agent_silent_is_relative_to_the_freshest_node(store: Store) -> None:
+    """The store stopped receiving from every agent 60 s ago (an ingest stall, not 4 dead hosts): no one is
+    silent; one host that stopped 40 s before the others is."""
+    c = "silent-stall"
+    rows = [r for n in ("a", "b", "c") for r in series(c, n, "ridethrough.nic.up", {"network.interface.name": "nic0"},
+                                                         [1] * (N - 12))]
+    rows += series(c, "d", "ridethrough.nic.up", {"network.interface.name": "nic0"}, [1] * (N - 20))
+    _write(store, c, rows)
+    f = _one(run(store, silent.AgentSilent(), c), FindingKind.AGENT_SILENT, "d")
+    assert f.evidence["silent_s"] == pytest.approx(40)
+
+
+def test_straggler_step_time_noise_of_a_phased_rank_is_not_a_straggler(store: Store) -> None:
+    """Rank 2's sampled step times run long (a loaded host's sampling), but it computes like the others: a
+    rank that reports its compute phase is judged by that, so nothing is found."""
+    c = "straggler-phased-noise"
+    rows = [r for r in _healthy_job(c) if not (r["MetricName"] == "ridethrough.job.step.duration"
+                                                and r["Attributes"]["job.rank"] == "2")]
+    rows += series(c, "h2", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "2"}, [2.0] * N)
+    _write(store, c, rows)
+    assert run(store, straggler.Straggler(), c) == []

@@ -242,3 +242,62 @@ def test_build() -> None:
     assert det.name == "congestion" and det.window_s == 60.0
     with pytest.raises(ValueError, match="recent_s"):
         congestion.build(SimpleNamespace(congestion_window_s=10.0))
+
+
+# -- clock: what the lab's clock service really writes ------------------------------------
+
+def _late_samples(ppm: float) -> list[float]:
+    """A clock drifting ``ppm`` whose solution runs 5 s behind its timestamps for a while: the clock
+    service writes the offset at its newest pair estimate, so while an agent's estimates come late
+    every point sits ``ppm x 5 s`` off the line, and then catches up (the lab's offsets under load)."""
+    return [ppm * 1e-6 * (5 * i - (5.0 if 20 <= i <= 30 or i in (45, 46, 47) else 0.0)) + 2 * US * math.sin(7 * i)
+            for i in range(N)]
+
+
+def _converging(c: str, node: str) -> list[dict[str, Any]]:
+    """The first minute after a start: the solution moves by milliseconds while its uncertainty is as large."""
+    error = [3e-3 * 0.5**i if i < 12 else 0.0 for i in range(N)]
+    values = [30e-6 * 5 * i + e for i, e in enumerate(error)]
+    return (offsets(c, node, values)
+            + offsets(c, node, [e + 3 * US for e in error], metric="ridethrough.clock.node.uncertainty"))
+
+
+@pytest.mark.parametrize("case", ["late_samples", "converging"])
+def test_clock_jump_quiet_on_real_service_output(store: Store, case: str) -> None:
+    c = f"clock-service-{case}"
+    if case == "late_samples":
+        rows = healthy_clocks(c) + offsets(c, "h4", _late_samples(110)) + offsets(c, "h5", _late_samples(-60))
+    else:
+        rows = healthy_clocks(c) + _converging(c, "h4")
+    write(store, rows)
+    # the window ends early enough for the converging case to be in it
+    end = T0 + 100 * S if case == "converging" else END
+    assert td.run(store, ClockJump(), c, end_ns=end) == []
+    # the control: without the drift-over-lag bound, or trusting unconverged points, the same rows fire
+    naive = ClockJump(lag_s=0.0) if case == "late_samples" else ClockJump(lag_s=0.0, converged_max_s=1.0)
+    assert {f.entity for f in td.run(store, naive, c, end_ns=end)} >= {"h4"}
+
+
+def test_clock_jump_on_a_fast_drifting_clock_with_late_samples(store: Store) -> None:
+    """A 2 ms step stands well above what 10 s of 110 ppm drift explains: found, late samples or not."""
+    c = "clock-service-step"
+    values = [v + (-2e-3 if 5 * i >= 250 else 0.0) for i, v in enumerate(_late_samples(110))]
+    write(store, healthy_clocks(c) + offsets(c, "h6", values))
+    [f] = td.run(store, ClockJump(), c)
+    assert f.entity == "h6" and f.evidence["step_s"] == pytest.approx(-2e-3, abs=0.2e-3)
+    assert f.evidence["threshold_s"] >= 100e-6 * 10  # the drift over lag_s sets the bar here
+
+
+def test_clock_jump_ignores_points_before_convergence_but_not_after(store: Store) -> None:
+    c = "clock-converged-then-step"
+    rows = healthy_clocks(c) + [r for r in _converging(c, "h4")]
+    rows = [({**r, "Value": r["Value"] + 500 * US} if r["MetricName"].endswith(".offset")
+             and r["Attributes"]["clock.node"] == "h4" and r["TimeUnix"] >= T0 + 250 * S else r) for r in rows]
+    write(store, rows)
+    [f] = td.run(store, ClockJump(), c)
+    assert f.entity == "h4" and f.evidence["step_s"] == pytest.approx(500 * US, abs=20 * US)
+
+
+def test_clock_jump_rejects_bad_knobs() -> None:
+    with pytest.raises(ValueError, match="lag_s"):
+        ClockJump(lag_s=-1)

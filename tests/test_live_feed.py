@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ridethrough.detectors.contract import Finding, Window
+from ridethrough.detectors.contract import EntityType, Finding, FindingKind, Severity, Window
 from ridethrough.detectors.controller import Controller
 from ridethrough.detectors.incidents import IncidentTracker
 from ridethrough.detectors.link import LinkDown
@@ -144,4 +144,69 @@ def test_a_woken_controller_runs_the_detector_before_its_interval(store: Store) 
         assert c.metrics.registry.get_sample_value("ridethrough_controller_detector_wakes_total",
                                                    {"detector": "watch"}) == 1
     finally:
+        c.stop()
+
+
+@dataclass
+class Slow:
+    """A scheduled detector that takes a while (the costliest query of a round), finding nothing."""
+
+    name: str = "slow"
+    interval_s: float = 3600.0
+    window_s: float = 60.0
+    started: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def detect(self, window: Window) -> list[Finding]:
+        self.started.set()
+        assert self.release.wait(30), "the test never released the slow detector"
+        return []
+
+
+@dataclass
+class Finder(Watcher):
+    """A woken detector that finds one link down."""
+
+    name: str = "finder"
+
+    def detect(self, window: Window) -> list[Finding]:
+        self.runs.append(window)
+        if len(self.runs) < 2:
+            return []
+        return [Finding(detector=self.name, kind=FindingKind.LINK_DOWN, entity_type=EntityType.LINK, entity="h1-l0",
+                        severity=Severity.CRITICAL, confidence=1.0, summary="down", observed_at_ns=window.end_ns)]
+
+
+def test_a_detector_woken_during_a_slow_round_runs_next_and_opens_its_incident_at_once(store: Store) -> None:
+    """The round's slow detector is still running: the woken one runs as soon as it returns, its
+    incident is opened before the round's remaining detectors, and its window ends when it runs."""
+    slow, finder, after = Slow(), Finder(), Watcher(name="after")
+    tracker = IncidentTracker(store, quiet_s=30, reopen_hysteresis_s=120)
+    opened: list[tuple[str, int]] = []
+    c = Controller(store=store, detectors=[slow, finder, after], tracker=tracker, interval_floor_s=1.0,
+                   emit=lambda ts: opened.extend((t.incident.entity, len(after.runs)) for t in ts))
+    c.start()
+    try:
+        # round 1 runs slow, finder, after; round 2 is an hour away for all of them
+        slow.release.set()
+        deadline = time.monotonic() + 10
+        while not finder.runs and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(finder.runs) == 1 and len(after.runs) == 1
+        slow.release.clear()
+        slow.started.clear()
+        c.wake(["slow"])  # a slow run in progress ...
+        assert slow.started.wait(10)
+        woken_at = time.time_ns()
+        c.wake(["finder", "after"])  # ... when the live feed wakes two more
+        slow.release.set()
+        while len(finder.runs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while len(after.runs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert finder.runs[1].end_ns >= woken_at  # a fresh window, not the round's start
+        # opened as soon as finder returned, while "after" had not run its second time yet
+        assert opened and opened[0] == ("h1-l0", 1)
+    finally:
+        slow.release.set()
         c.stop()

@@ -106,3 +106,22 @@ def test_false_alarm_rate_and_percentile() -> None:
     assert percentile([], 0.99) is None
     assert percentile([1.0, 2.0, 3.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+def test_a_flapping_link_reported_as_losing_packets_is_right_but_not_its_latency() -> None:
+    s = score([run(fault("link_flap", "h5-leaf1r1", "link", 10, end_s=20, failure_s=10))],
+              [inc("a", "link_degrading", "link", "h5-leaf1r1", 14), inc("b", "link_flap", "link", "h5-leaf1r1", 16)])
+    c = s["truth"]["link_flap"]
+    assert (c.detected, c.localised, c.latency_s) == (1, 1, [6.0])  # latency from the hard kind only
+    assert s["incidents"]["link_degrading"].true_incidents == 1
+
+
+def test_a_link_among_the_candidates_is_detected_but_not_localised() -> None:
+    s = score([run(fault("link_down", "leaf1r0-spine0", "link", 10, end_s=40, failure_s=10))],
+              [Opened("a", "link_down", "link", "leaf0r0-spine0", T + 12 * NS, (),
+                      ("leaf0r0-spine0", "leaf1r0-spine0")),
+               Opened("b", "link_down", "link", "leaf0r1-spine0", T + 12 * NS, (),
+                      ("leaf0r1-spine0", "leaf1r1-spine0"))])
+    c = s["truth"]["link_down"]
+    assert (c.detected, c.localised) == (1, 0)
+    assert s["incidents"]["link_down"].false == ["sc:leaf0r1-spine0"]

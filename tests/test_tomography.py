@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ridethrough.detectors import tomography
-from ridethrough.detectors.contract import EntityType, FindingKind
+from ridethrough.detectors.contract import EntityType, FindingKind, Window
 from ridethrough.detectors.tomography import Observation, RouteFile, RouteMap, Tomography, localise
 from ridethrough.exporters import schema
 from ridethrough.exporters.store import Store
@@ -269,3 +269,98 @@ def test_build_needs_a_route_file(tmp_path: Path) -> None:
     os.utime(path, ns=(1, 10**18))
     with pytest.raises(ValueError, match="route map"):
         tomography.build(SimpleNamespace(fabric_map_file=str(path)))
+
+
+def _burst(rows: list[dict[str, Any]], host: str, *, at: int, lost: float) -> list[dict[str, Any]]:
+    """Every path from or to ``host`` loses ``lost`` probes each way at once at ``at`` (its agent was not
+    answering yet, a route settling), and none before or after."""
+    def hit(r: dict[str, Any]) -> bool:
+        a = r["Attributes"]
+        return (r["MetricName"] == "ridethrough.probe.lost" and host in (a["probe.src.node"], a["probe.dst.node"])
+                and r["TimeUnix"] >= at)
+    return [{**r, "Value": r["Value"] + lost} if hit(r) else r for r in rows]
+
+
+@pytest.mark.integration
+def test_store_a_one_off_burst_of_loss_blames_nothing(store: Store, walked: RouteMap) -> None:
+    c = "tomo-burst"
+    write(store, _burst(fabric_rows(c, TWO_RACKS, walked, {}), "h5", at=td.T0 + 285 * td.S, lost=40))
+    assert td.run(store, Tomography(routes=walked), c) == []
+    # the control: counting a single burst as loss, the same rows blame h5's links
+    blamed = {f.entity for f in td.run(store, Tomography(routes=walked, min_loss_rises=1), c)}
+    assert blamed & {"h5-leaf1r0", "h5-leaf1r1"}
+
+
+def _dies_at_the_end(c: str, topo: Topology, routes: RouteMap, link: str, *,
+                     silent: Collection[str] = ()) -> list[dict[str, Any]]:
+    """Healthy rows up to END, then three more collections 1 s apart in which every probe over ``link`` is lost
+    (and none from the ``silent`` hosts, whose agents stopped)."""
+    rows = fabric_rows(c, topo, routes, {})
+    last = {(r["MetricName"], tuple(sorted(r["Attributes"].items()))): r for r in rows if r["TimeUnix"] == td.END}
+    extra: list[dict[str, Any]] = []
+    for r in last.values():
+        a = r["Attributes"]
+        if r["MetricName"] not in SUMS or a["probe.src.node"] in silent:
+            continue
+        path = tomography.path_id(a["probe.src.node"], a["probe.src.nic"], a["probe.dst.node"], a["probe.dst.nic"],
+                                  "forward")
+        dead = any(link in route for route in routes.routes(path))
+        per_s = 4.0 if r["MetricName"] == "ridethrough.probe.sent" or (
+            dead and a.get("probe.direction") == "forward") else 0.0
+        extra += [{**r, "TimeUnix": td.END + k * td.S, "Value": r["Value"] + per_s * k} for k in (1, 2, 3)]
+    return rows + extra
+
+
+@pytest.mark.integration
+def test_store_a_path_dead_for_the_last_seconds_is_down_at_once(store: Store, walked: RouteMap) -> None:
+    """Seconds after a cut the window's loss is still small: the last seconds say the link is down."""
+    c = "tomo-dead-now"
+    write(store, _dies_at_the_end(c, TWO_RACKS, walked, "h3-leaf0r1"))
+    [f] = td.run(store, Tomography(routes=walked), c, end_ns=td.END + 3 * td.S)
+    assert (f.kind, f.entity) == (FindingKind.LINK_DOWN, "h3-leaf0r1")
+
+
+@pytest.mark.integration
+def test_store_paths_to_a_silent_host_do_not_blame_links(store: Store, walked: RouteMap) -> None:
+    """h3 froze 15 s ago: its prober stopped, and every probe to it dies (the paths are suspended); that is a
+    host, not its links nor the spine links above them."""
+    c = "tomo-frozen-peer"
+    design = RouteMap.from_fabric(TWO_RACKS)  # ECMP: good paths clear no spine link for certain
+    dead = fabric_rows(c, TWO_RACKS, walked, {"h3-leaf0r0": 1.0, "h3-leaf0r1": 1.0})
+    rows = [r for r in fabric_rows(c, TWO_RACKS, walked, {}) if r["Attributes"]["probe.dst.node"] != "h3"
+            and not (r["Attributes"]["probe.src.node"] == "h3" and r["TimeUnix"] > td.END - 15 * td.S)]
+    rows += [r for r in dead if r["Attributes"]["probe.dst.node"] == "h3"]
+    write(store, rows)
+    assert td.run(store, Tomography(routes=design, min_paths=2), c) == []
+    # the control: taking paths to a quiet node as evidence, the same rows blame spine links
+    assert td.run(store, Tomography(routes=design, min_paths=2, quiet_s=1e9), c)
+
+
+@pytest.mark.integration
+def test_store_loss_that_stopped_blames_nothing(store: Store, walked: RouteMap) -> None:
+    """h3-leaf0r1 lost 10 % until 30 s ago and nothing since (it was reseated): the window still holds the
+    loss, but the link is not losing packets now."""
+    c = "tomo-healed"
+    stop = td.END - 30 * td.S
+    rows = fabric_rows(c, TWO_RACKS, walked, {"h3-leaf0r1": 0.1})
+    frozen = {(tuple(sorted(r["Attributes"].items()))): r["Value"] for r in rows
+              if r["MetricName"] == "ridethrough.probe.lost" and r["TimeUnix"] == stop}
+    rows = [{**r, "Value": frozen[tuple(sorted(r["Attributes"].items()))]}
+            if r["MetricName"] == "ridethrough.probe.lost" and r["TimeUnix"] > stop else r for r in rows]
+    write(store, rows)
+    assert td.run(store, Tomography(routes=walked), c) == []
+    # the control: with a longer memory for loss, the same rows blame the link
+    assert [f.entity for f in td.run(store, Tomography(routes=walked, recent_s=50.0), c)] == ["h3-leaf0r1"]
+
+
+def test_a_link_whose_paths_die_one_by_one_is_down_not_degrading() -> None:
+    """Seconds after a cut, a third of the paths it explains are dead and the rest show the loss so far."""
+    det = Tomography(routes=RouteMap({}))
+    paths = [f"p{i}" for i in range(9)]
+    blame = tomography.Blame("h2-leaf0r1", tuple(paths), (), 9.0, ("h2-leaf0r1",), 1.0)
+    window = Window(0, 1, lambda sql, params: ([], []))
+    cut = det._finding(blame, {p: 1.0 if i < 3 else 0.12 for i, p in enumerate(paths)}, dict.fromkeys(paths, 1),
+                       window)
+    lossy = det._finding(blame, {p: 1.0 if i < 2 else 0.12 for i, p in enumerate(paths)}, dict.fromkeys(paths, 1),
+                         window)
+    assert (cut.kind, lossy.kind) == (FindingKind.LINK_DOWN, FindingKind.LINK_DEGRADING)

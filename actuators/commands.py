@@ -6,9 +6,15 @@ wrong, so a handler only ever sees arguments of the types it declared. Handlers 
 `Outcome` value; one that raises is the control plane's to report, never the agent's to die of.
 
 Built in: ``ping`` (is the agent there, what time does it think it is) and, where the agent has
-a `RouteOps`, ``route.set`` and ``route.restore``. ``route.set`` remembers the route it replaced
-(once per destination, so repeated sets still restore the original) and returns it in its data,
-so a caller that outlives the agent can pass it back to ``route.restore`` explicitly.
+a `RouteOps`, ``route.set``, ``route.restore`` and ``route.get``. ``route.set`` remembers the
+route it replaced (once per destination, so repeated sets still restore the original) and
+returns it in its data, so a caller that outlives the agent can pass it back to
+``route.restore`` explicitly. ``route.get`` reads a destination's route back, and which
+interfaces the kernel would send its traffic out of (what a caller verifies against), and the
+host's own route beneath ridethrough's (what a caller plans from).
+
+A route has one nexthop (``dev``, ``via``) and optionally ``more`` ECMP nexthops, written as
+``DEV@VIA,DEV@VIA`` (``DEV`` alone for an on-link one): arguments are scalars.
 """
 
 from __future__ import annotations
@@ -143,10 +149,37 @@ class Route:
     via: str = ""
     table: int = MAIN_TABLE
     metric: int = 0
+    more: tuple[tuple[str, str], ...] = ()
+    """Further ECMP nexthops after (``dev``, ``via``): (dev, via) each."""
+
+    @property
+    def devs(self) -> tuple[str, ...]:
+        """Every interface the route leaves through, in order."""
+        return (self.dev, *(dev for dev, _ in self.more))
 
     def data(self, prefix: str) -> dict[str, Scalar]:
         """The route as flat reply data."""
-        return {f"{prefix}dev": self.dev, f"{prefix}via": self.via, f"{prefix}metric": self.metric}
+        return {f"{prefix}dev": self.dev, f"{prefix}via": self.via, f"{prefix}metric": self.metric,
+                f"{prefix}more": format_hops(self.more)}
+
+
+def format_hops(hops: tuple[tuple[str, str], ...]) -> str:
+    """``(dev, via)`` pairs as ``DEV@VIA,DEV`` (the ``more`` argument)."""
+    return ",".join(f"{dev}@{via}" if via else dev for dev, via in hops)
+
+
+def parse_hops(text: str) -> tuple[tuple[str, str], ...]:
+    """``DEV@VIA,DEV`` as checked ``(dev, via)`` pairs; ValueError naming the bad entry."""
+    out: list[tuple[str, str]] = []
+    for entry in filter(None, text.split(",")):
+        dev, _, via = entry.partition("@")
+        check_dev(dev)
+        try:
+            check_via(via)
+        except ValueError:
+            raise ValueError(f"nexthop {entry!r}: {via!r} is not an IP address") from None
+        out.append((dev, via))
+    return tuple(out)
 
 
 class RouteOps(Protocol):
@@ -162,6 +195,14 @@ class RouteOps(Protocol):
 
     def delete(self, destination: str, *, table: int) -> None:
         """Remove the route for ``destination`` in ``table`` (no error if there is none)."""
+        ...
+
+    def lookup(self, destination: str, *, own: bool) -> tuple[tuple[str, str], ...]:
+        """The nexthops, (dev, via) each, of the route that carries ``destination``'s first address now.
+
+        ``own``: counting the routes ridethrough wrote (what the kernel uses); else the host's own
+        route beneath them (what a reroute starts from).
+        """
         ...
 
 
@@ -201,11 +242,18 @@ def _check_metric(n: int) -> None:
         raise ValueError(f"metric {n} is outside 0..{2**32 - 1}")
 
 
+def _check_hops(text: str) -> None:
+    parse_hops(text)
+
+
 def _route(args: Args, prefix: str = "") -> Route:
     dest, via = str(args["destination"]), str(args[f"{prefix}via"])
-    if via and dest != "default" and ipaddress.ip_address(via).version != ipaddress.ip_network(dest).version:
-        raise ValueError(f"{prefix}via {via} and destination {dest} are of different IP versions")
-    return Route(dest, str(args[f"{prefix}dev"]), via, int(args["table"]), int(args[f"{prefix}metric"]))
+    more = parse_hops(str(args[f"{prefix}more"]))
+    for gateway in (via, *(v for _, v in more)):
+        if gateway and dest != "default" and \
+                ipaddress.ip_address(gateway).version != ipaddress.ip_network(dest).version:
+            raise ValueError(f"{prefix}via {gateway} and destination {dest} are of different IP versions")
+    return Route(dest, str(args[f"{prefix}dev"]), via, int(args["table"]), int(args[f"{prefix}metric"]), more)
 
 
 class RouteJournal:
@@ -236,10 +284,12 @@ class RouteJournal:
 
 _ROUTE = {"destination": Param(str, check=check_destination), "dev": Param(str, check=check_dev),
           "via": Param(str, "", check_via), "table": Param(int, MAIN_TABLE, _check_table),
-          "metric": Param(int, 0, _check_metric)}
+          "metric": Param(int, 0, _check_metric), "more": Param(str, "", _check_hops)}
 _RESTORE = {"destination": Param(str, check=check_destination), "table": Param(int, MAIN_TABLE, _check_table),
             "previous_dev": Param(str, "", _check_optional_dev), "previous_via": Param(str, "", check_via),
-            "previous_metric": Param(int, 0, _check_metric), "previous_absent": Param(bool, False)}
+            "previous_metric": Param(int, 0, _check_metric), "previous_more": Param(str, "", _check_hops),
+            "previous_absent": Param(bool, False)}
+_GET = {"destination": Param(str, check=check_destination), "table": Param(int, MAIN_TABLE, _check_table)}
 
 
 class RouteCommands:
@@ -273,8 +323,8 @@ class RouteCommands:
             raise ValueError("give previous_dev or previous_absent=true, not both")
         if args["previous_dev"]:
             _route(args, "previous_")
-        elif args["previous_via"]:
-            raise ValueError("previous_via needs previous_dev")
+        elif args["previous_via"] or args["previous_more"]:
+            raise ValueError("previous_via and previous_more need previous_dev")
 
     def restore(self, args: Args) -> Outcome:
         """Put back the route ``route.set`` replaced (or the one given as ``previous_*``)."""
@@ -293,9 +343,21 @@ class RouteCommands:
         self._ops.replace(saved)
         return Outcome(True, f"{dest} restored via {saved.via or 'link'} on {saved.dev}", saved.data("restored_"))
 
+    def get(self, args: Args) -> Outcome:
+        """Read ``destination``'s route back (data ``present``, ``dev``...), the devices the kernel sends its
+        traffic out of (``lookup``), and the host's own route beneath (``base``, as ``more`` is written)."""
+        dest, table = str(args["destination"]), int(args["table"])
+        route = self._ops.get(dest, table=table)
+        data: dict[str, Scalar] = {"present": route is not None,
+                                   "lookup": ",".join(dev for dev, _ in self._ops.lookup(dest, own=True)),
+                                   "base": format_hops(self._ops.lookup(dest, own=False))}
+        data.update(route.data("") if route is not None else {})
+        shown = f"via {','.join(route.devs)}" if route is not None else "no route of ours"
+        return Outcome(True, f"{dest}: {shown}; traffic leaves through {data['lookup'] or 'nothing'}", data)
+
 
 def builtin_registry(*, node_id: str, clock: Callable[[], int], route_ops: RouteOps | None = None) -> CommandRegistry:
-    """``ping``, and the route commands when the agent has ``route_ops``."""
+    """``ping``, and the route commands (``route.set``, ``route.restore``, ``route.get``) with ``route_ops``."""
     registry = CommandRegistry()
 
     def ping(args: Args) -> Outcome:
@@ -308,4 +370,5 @@ def builtin_registry(*, node_id: str, clock: Callable[[], int], route_ops: Route
                           help=RouteCommands.set.__doc__ or "")
         registry.register("route.restore", routes.restore, params=_RESTORE, check=routes.check_restore,
                           help=RouteCommands.restore.__doc__ or "")
+        registry.register("route.get", routes.get, params=_GET, help=RouteCommands.get.__doc__ or "")
     return registry

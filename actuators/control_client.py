@@ -17,6 +17,7 @@ restarting is reached when it is back, within the deadline.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from ridethrough.actuators.command_auth import (
 from ridethrough.actuators.contract import Result
 from ridethrough.actuators.control_plane import PATH, REFUSAL_HEADER
 from ridethrough.actuators.tracing import current_traceparent, step
+from ridethrough.settings import parse_hostport
 
 _RETRYABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED"})
 _REPLY_FIELDS = frozenset({"v", "key", "node", "command", "ok", "outcome", "detail", "data", "duplicate"})
@@ -70,6 +72,80 @@ class ControlClientConfig:
             raise ValueError("tls_cert_file and tls_server_name need tls_ca_file (TLS to the agents)")
         if self.command_lifetime_s <= 0:
             raise ValueError(f"command_lifetime_s must be positive, got {self.command_lifetime_s}")
+
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> ControlClientConfig:
+        """The config an actuator plugin builds from its process's environment (`ENVIRON`; unset: default)."""
+        values: dict[str, Any] = {name: environ[var] for name, var in ENVIRON.items() if environ.get(var)}
+        if "command_lifetime_s" in values:
+            try:
+                values["command_lifetime_s"] = float(values["command_lifetime_s"])
+            except ValueError:
+                raise ValueError(f"{ENVIRON['command_lifetime_s']} must be a number of seconds") from None
+        return cls(**values)
+
+
+ENVIRON: Mapping[str, str] = {
+    "secret_file": "RIDETHROUGH_CONTROL_KEYS_FILE", "key_id": "RIDETHROUGH_CONTROL_KEY_ID",
+    "command_lifetime_s": "RIDETHROUGH_CONTROL_COMMAND_LIFETIME_S", "tls_ca_file": "RIDETHROUGH_CONTROL_TLS_CA_FILE",
+    "tls_cert_file": "RIDETHROUGH_CONTROL_TLS_CERT_FILE", "tls_key_file": "RIDETHROUGH_CONTROL_TLS_KEY_FILE",
+    "tls_server_name": "RIDETHROUGH_CONTROL_TLS_SERVER_NAME"}
+"""`ControlClientConfig` field → the environment variable `ControlClientConfig.from_environ` reads it from
+(keys themselves may also be in ``RIDETHROUGH_CONTROL_KEYS``, see ``secret_env``)."""
+TARGETS_FILE_ENV = "RIDETHROUGH_CONTROL_TARGETS_FILE"
+"""JSON ``{node: "HOST:PORT"}``: where each node's agent control plane is (the lab writes one)."""
+
+
+class AgentTargets:
+    """Where a node's agent listens: its entry in a targets file, else ``template`` with ``{node}`` filled in.
+
+    The file (JSON ``{node: "HOST:PORT"}``) is re-read when it changes, so nodes can be added while
+    the controller runs; a node it does not list falls back to the template (``{node}:7450``:
+    the node name resolved by DNS).
+    """
+
+    def __init__(self, *, template: str = "{node}:7450", file: str = "") -> None:
+        if "{node}" not in template:
+            raise ValueError(f"agent target {template!r} must contain {{node}}")
+        self.template = template
+        self.file = file
+        self._seen: tuple[int, dict[str, str]] = (-1, {})
+        self._lock = threading.Lock()
+        if file:
+            self._table()  # a missing or malformed file fails at start, not at the first incident
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], *, template_var: str) -> AgentTargets:
+        """Template from ``template_var`` (default ``{node}:7450``), table from `TARGETS_FILE_ENV`."""
+        return cls(template=environ.get(template_var) or "{node}:7450", file=environ.get(TARGETS_FILE_ENV, ""))
+
+    def __call__(self, node: str) -> str:
+        """The ``HOST:PORT`` of ``node``'s agent."""
+        return self._table().get(node) or self.template.format(node=node)
+
+    def _table(self) -> dict[str, str]:
+        if not self.file:
+            return {}
+        with self._lock:
+            try:
+                mtime = os.stat(self.file).st_mtime_ns
+                if mtime != self._seen[0]:
+                    self._seen = (mtime, _parse_targets(self.file))
+            except (OSError, ValueError) as exc:
+                if self._seen[0] == -1:
+                    raise ValueError(f"agent targets file {self.file}: {exc}") from None
+            return self._seen[1]
+
+
+def _parse_targets(path: str) -> dict[str, str]:
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in doc.items()):
+        raise ValueError('expected JSON {"node": "HOST:PORT"}')
+    for target in doc.values():
+        parse_hostport(target)
+    return dict(doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +195,12 @@ class ControlClient:
         self._keys = keys
         self._key_id = key_id
         self._credentials = credentials
-        self._options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        # An agent that restarts is back within seconds: retry its connection at least every 2 s, not
+        # gRPC's default of up to 120 s, so a call waiting for it (wait_for_ready) sees it soon.
+        self._options: list[tuple[str, Any]] = [("grpc.initial_reconnect_backoff_ms", 250),
+                                                ("grpc.max_reconnect_backoff_ms", 2000)]
+        if server_name:
+            self._options.append(("grpc.ssl_target_name_override", server_name))
         self._lifetime_s = lifetime_s
         self._clock = clock
         self._channels: dict[str, Any] = {}
@@ -161,7 +242,7 @@ class ControlClient:
             channel = self._channels.get(target)
             if channel is None:
                 channel = (grpc.secure_channel(target, self._credentials, options=self._options)
-                           if self._credentials is not None else grpc.insecure_channel(target))
+                           if self._credentials is not None else grpc.insecure_channel(target, options=self._options))
                 self._channels[target] = channel
             return channel.unary_unary(PATH, request_serializer=None, response_deserializer=None)
 

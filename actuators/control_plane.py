@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -353,9 +353,11 @@ def build_control_plane(cfg: ControlPlaneConfig, *, node_id: str, registry: Comm
     return ControlPlaneServer(plane, cfg)
 
 
-def agent_tracer_provider(*, resource: Resource, gateway: str, timeout_s: float) -> TracerProvider:
-    """The agent's tracer provider: spans batched to the gateway over OTLP/gRPC (shut it down to flush)."""
+def agent_tracer_provider(*, resource: Resource, gateway: str, timeout_s: float,
+                          headers: Sequence[tuple[str, str]] = ()) -> TracerProvider:
+    """The agent's tracer provider: spans batched to the gateway over OTLP/gRPC (shut it down to flush);
+    ``headers``: call metadata for every export, e.g. the agent's ingest bearer token."""
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=gateway, insecure=True,
-                                                                    timeout=timeout_s)))
+                                                                    timeout=timeout_s, headers=dict(headers))))
     return provider

@@ -153,10 +153,16 @@ class MigratePlugin:
 
 
 def _agent_control(cfg: MigrateConfig) -> JobControl:
-    from ridethrough.actuators.control_client import ControlClientConfig, build_control_client
+    from ridethrough.actuators.control_client import (
+        TARGETS_FILE_ENV,
+        AgentTargets,
+        ControlClientConfig,
+        build_control_client,
+    )
 
-    client = build_control_client(ControlClientConfig(), environ=os.environ)
-    return AgentJobControl(client, target=lambda node: cfg.agent_target.format(node=node))
+    client = build_control_client(ControlClientConfig.from_environ(os.environ), environ=os.environ)
+    return AgentJobControl(client, target=AgentTargets(template=cfg.agent_target,
+                                                       file=os.environ.get(TARGETS_FILE_ENV, "")))
 
 
 def build() -> MigratePlugin:

@@ -32,6 +32,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 RTPROT_RIDETHROUGH = 114
 """The routing protocol number that marks the reflex's routes."""
+RTPROT_RIDETHROUGH_CENTRAL = 115
+"""The routing protocol number of the routes the controller sets through the control plane
+(`ridethrough.actuators.reroute_netlink`): a base the reflex may override, never foreign to it."""
 MAIN_TABLE = 254
 RTAX_RTO_MIN = 13
 _TCP_ESTABLISHED = 1
@@ -176,8 +179,13 @@ class HostRoutes:
         return out
 
     def foreign(self, address: str) -> bool:
-        """Whether a /32 for ``address`` that is not ours is in the main table (then we leave it be)."""
-        return any(m["dst_len"] == 32 and m.get_attr("RTA_DST") == address and m["proto"] != RTPROT_RIDETHROUGH
+        """Whether a /32 for ``address`` that is not ours is in the main table (then we leave it be).
+
+        The controller's (protocol `RTPROT_RIDETHROUGH_CENTRAL`) is not foreign: it is the base an
+        override copies (`base_route` finds it), so the reflex still acts on top of a central reroute.
+        """
+        mine = (RTPROT_RIDETHROUGH, RTPROT_RIDETHROUGH_CENTRAL)
+        return any(m["dst_len"] == 32 and m.get_attr("RTA_DST") == address and m["proto"] not in mine
                    for m in self._routes())
 
     def tcp_peers(self) -> set[str]:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry._logs import SeverityNumber
 
@@ -86,6 +87,18 @@ class AgentIdentity:
             attrs["ridethrough.pod"] = self.pod
         attrs.update(self.labels or {})
         return Resource.create(attrs)
+
+
+class Service(Protocol):
+    """A server the agent runs beside its sources (its control plane): started and stopped with it."""
+
+    def start(self) -> str:
+        """Serve; returns the bound ``HOST:PORT``."""
+        ...
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving, waiting up to ``timeout_s`` for calls in flight."""
+        ...
 
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
@@ -174,15 +187,17 @@ class Agent:
     ``max_series`` caps the distinct series the snapshot holds (see `Snapshot`);
     ``prometheus_listen`` (``HOST:PORT``, port 0 for any) also serves the snapshot at
     ``/metrics`` from `start` on; ``descriptions`` (metric name → text) become the OTLP
-    metric descriptions and the Prometheus HELP lines.
+    metric descriptions and the Prometheus HELP lines; ``services`` (name → server, e.g.
+    ``{"control": ControlPlaneServer}``) start with the agent, their addresses in `addresses`.
     """
 
     def __init__(self, *, identity: AgentIdentity, sources: Sequence[Source], gateway: str,
                  export_interval_s: float = 1.0, export_timeout_s: float = 5.0,
                  buffer_max_batches: int = 300, clock: Clock = time.time_ns, max_series: int = 100_000,
                  prometheus_listen: str = "", descriptions: Mapping[str, str] | None = None,
-                 headers: Sequence[tuple[str, str]] = ()) -> None:
+                 headers: Sequence[tuple[str, str]] = (), services: Mapping[str, Service] | None = None) -> None:
         self._sources = list(sources)
+        self._services = dict(services or {})
         self._clock = clock
         self._snapshot = Snapshot(max_series=max_series)
         self._descriptions = dict(descriptions or {})
@@ -195,7 +210,7 @@ class Agent:
         self.collections = 0
         self.exports = 0
         self.addresses: dict[str, str] = {}
-        """What the agent serves once started: ``{"prometheus": "HOST:PORT"}`` when asked to."""
+        """What the agent serves once started: ``{"prometheus": "HOST:PORT", "control": ...}`` when asked to."""
         self._resource = identity.resource()
         self._scope = InstrumentationScope(SCOPE)
         self._start_ns = time.time_ns()
@@ -219,6 +234,8 @@ class Agent:
         if self._prometheus is not None:
             self.addresses["prometheus"] = self._prometheus.start()
             log.info("serving Prometheus /metrics on %s", self.addresses["prometheus"])
+        for name, service in self._services.items():  # a port that cannot be bound stops the start (OSError)
+            self.addresses[name] = service.start()
         self.event("agent.started", f"agent started with sources {[s.name for s in self._sources]}")
         for source in self._sources:
             if isinstance(source, BackgroundSource):
@@ -237,6 +254,8 @@ class Agent:
             if isinstance(source, BackgroundSource):
                 self._guard(source.name, functools.partial(source.stop, timeout_s=timeout_s))
         self.event("agent.stopped", "agent stopped")
+        for service in self._services.values():
+            service.stop(timeout_s)
         if self._prometheus is not None:
             self._prometheus.stop(timeout_s)
         self.export()

@@ -10,6 +10,18 @@ Started detached by ``lab up``; it owns what must keep running after ``lab up`` 
   statistics (IFLA_STATS64 over netlink, inside the host's namespace);
 * scheduled operations (a flap's downs and ups, a NIC ramp's link down), run when due.
 
+Every agent runs its control plane (signed route and job commands) on its host's management
+address, port `CONTROL_PORT`, checking commands against the lab's key in ``control/keys`` under
+the lab's directory (made once, mode 0600). A controller outside the lab reaches the agents
+with the environment `controller_env` gives (the lab's server gets it too)::
+
+    RIDETHROUGH_CONTROL_KEYS_FILE=<lab dir>/control/keys        the key to sign commands with
+    RIDETHROUGH_CONTROL_TARGETS_FILE=<lab dir>/control/targets.json  {"h3": "198.18.x.13:7450", ...}
+    RIDETHROUGH_REROUTE_ADDRESSES_FILE=<lab dir>/stable.json    each host's stable address
+
+(the root namespace reaches the hosts' management addresses over the lab's bridge; host names
+do not resolve there, hence the targets file).
+
 SIGTERM stops the agents, then the server, gently, and exits.
 """
 
@@ -40,6 +52,36 @@ AGENT_GRACE_S = 1.0
 REFLEX_PEERS_FILE = "stable.json"
 """Beside the probe peers file: each host's stable address, for the agents' reflex."""
 SERVER_GRACE_S = 2.0
+CONTROL_PORT = 7450
+CONTROL_KEY_ID = "lab"
+
+
+def write_control(lab_dir: Path, hosts: Mapping[str, Mapping[str, Any]]) -> tuple[Path, Path]:
+    """The lab's control key (kept if there) and each agent's control address; returns (keys, targets).
+
+    The key is 32 random bytes as ``lab=HEX`` (`ridethrough.actuators.command_auth`), mode 0600.
+    """
+    import secrets
+
+    d = lab_dir / "control"
+    d.mkdir(mode=0o700, exist_ok=True)
+    keys = d / "keys"
+    if not keys.exists():
+        fd = os.open(keys, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{CONTROL_KEY_ID}={secrets.token_hex(32)}\n")
+    targets = d / "targets.json"
+    tmp = targets.with_suffix(".tmp")
+    tmp.write_text(json.dumps({h: f"{i['mgmt_ip']}:{CONTROL_PORT}" for h, i in hosts.items()}))
+    tmp.replace(targets)
+    return keys, targets
+
+
+def controller_env(lab_dir: Path) -> dict[str, str]:
+    """What a controller needs to act on the lab's agents (see the module docstring)."""
+    return {"RIDETHROUGH_CONTROL_KEYS_FILE": str(lab_dir / "control" / "keys"),
+            "RIDETHROUGH_CONTROL_TARGETS_FILE": str(lab_dir / "control" / "targets.json"),
+            "RIDETHROUGH_REROUTE_ADDRESSES_FILE": str(lab_dir / REFLEX_PEERS_FILE)}
 
 
 def nic_stats(handle: NsHandle) -> dict[str, NicStats]:
@@ -67,9 +109,11 @@ def _idle_nics(nics: list[str]) -> Callable[[], Mapping[str, NicStats]]:
     return lambda: {n: NicStats(0, 0, 0, 0) for n in nics}
 
 
-def agent_env(host_dir: Path, peers_file: Path, clock_url: str = "") -> dict[str, str]:
+def agent_env(host_dir: Path, peers_file: Path, clock_url: str = "", *, control_listen: str = "",
+              control_keys: Path | None = None) -> dict[str, str]:
     """What a lab host's agent reads besides its flags: fake GPUs, the job endpoint, the probe peers,
-    the clock service's corrections (``clock_url``, empty for none), the reflex and its peers file.
+    the clock service's corrections (``clock_url``, empty for none), the reflex and its peers file,
+    and its control plane (``control_listen`` with ``control_keys``; none without them).
 
     The reflex is off unless whoever brought the lab up set ``RIDETHROUGH_AGENT_REFLEX=true`` (the
     reroute bench and tests do): agents inherit that environment. Off by default because on the lab's
@@ -81,6 +125,10 @@ def agent_env(host_dir: Path, peers_file: Path, clock_url: str = "") -> dict[str
            "RIDETHROUGH_AGENT_REFLEX_PEERS_FILE": str(peers_file.with_name(REFLEX_PEERS_FILE))}
     if clock_url:
         env["RIDETHROUGH_AGENT_CLOCK_CORRECTIONS_URL"] = clock_url
+    if control_listen and control_keys is not None:
+        env["RIDETHROUGH_AGENT_CONTROL_LISTEN"] = control_listen
+        env["RIDETHROUGH_AGENT_CONTROL_KEYS_FILE"] = str(control_keys)
+        env["RIDETHROUGH_AGENT_JOB_RUN_DIR"] = str(host_dir / "run")
     if (host_dir / "gpus.json").exists():
         sources.append("gpu")
         env["RIDETHROUGH_AGENT_GPU_SCRIPT"] = str(host_dir / "gpus.json")
@@ -123,12 +171,13 @@ class Supervisor:
         ip = self.state["server_ip"]
         clock = ["--clock-listen", f"{ip}:{self.state['clock_port']}"] if "clock_port" in self.state else []
         fabric = self.write_fabric_map()
+        write_control(self.dir, self.state["hosts"])
         self._spawn("server", [
             sys.executable, "-m", "ridethrough", "server", "--store", f"chdb://{self.dir / 'store'}",
             "--spool", str(self.dir / "spool"), "--otlp-listen", f"{ip}:{self.state['otlp_port']}",
             "--store-http-listen", f"{ip}:{self.state['store_http_port']}", *clock,
             "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.state.get("cgroup"),
-            env_extra={"RIDETHROUGH_CONTROLLER_FABRIC_MAP_FILE": str(fabric)})
+            env_extra={"RIDETHROUGH_CONTROLLER_FABRIC_MAP_FILE": str(fabric), **controller_env(self.dir)})
 
     def write_fabric_map(self) -> Path:
         """The lab's cabling and design routes for the controller (NIC ``r`` and its RDMA device ``mlx5_r``
@@ -170,13 +219,15 @@ class Supervisor:
         (self.dir / REFLEX_PEERS_FILE).write_text(json.dumps(stable))
         port = self.state.get("clock_port")
         clock_url = f"http://{self.state['server_ip']}:{port}/clock/corrections" if port else ""
+        keys, _ = write_control(self.dir, self.state["hosts"])
         for host, info in self.state["hosts"].items():
             d = Path(info["dir"])
             self._spawn(f"agent:{host}", [
                 sys.executable, "-m", "ridethrough", "agent", "--gateway", gateway, "--node-id", host,
                 "--cluster", self.state["name"], "--rack", f"rack{info['rack']}",
                 "--sysfs-root", str(d / "sysfs"), "--clock-script", str(d / "clock.json")],
-                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(d, peers, clock_url))
+                ns=info.get("ns"), cgroup=info.get("cgroup"), env_extra=agent_env(
+                    d, peers, clock_url, control_listen=f"{info['mgmt_ip']}:{CONTROL_PORT}", control_keys=keys))
 
     def reap(self) -> None:
         """Log (once) every child that exited; none is restarted."""

@@ -264,10 +264,34 @@ class AgentConfig:
     reflex_rto_min_ms: int = field(default=50, metadata=_help(
         "TCP's minimum retransmission timeout locked on rerouted routes, in ms (0: the kernel's 200 ms).",
         min=0, max=10_000))
+    # The control plane runs signed commands from the controller (`ridethrough.actuators.control_agent`):
+    # on only where a key file is given, since without keys no command could be checked.
+    control_listen: str = field(default="0.0.0.0:7450", metadata=_help(
+        "Control-plane gRPC listen address, HOST:PORT (route and job commands from the controller); it runs "
+        "when control_keys_file is set; empty turns it off.", check=check_listen))
+    control_keys_file: str = field(default="", metadata=_help(
+        "File of HMAC keys that the controller's commands must be signed with, KEY_ID=HEX lines (a mounted "
+        "Secret; `openssl rand -hex 32` makes a key); empty: no control plane."))
+    control_key_ids: tuple[str, ...] = field(default=(), metadata=_help(
+        "Key ids accepted (rotation: list the old and the new); empty accepts every key in the file."))
+    control_tls_cert_file: str = field(default="", metadata=_help(
+        "Control-plane server certificate (PEM); empty serves without TLS (commands are still signed)."))
+    control_tls_key_file: str = field(default="", metadata=_help(
+        "Control-plane server private key (PEM), with control_tls_cert_file."))
+    control_tls_client_ca_file: str = field(default="", metadata=_help(
+        "CA bundle (PEM) the controller's client certificate must chain to; set: mutual TLS is required."))
+    job_run_dir: str = field(default="", metadata=_help(
+        "Directory of the job launchers' control sockets, for job.migrate and job.status; empty: the "
+        "launcher's default ($XDG_RUNTIME_DIR/ridethrough, else a per-user one under the temp dir)."))
 
     def __post_init__(self) -> None:
         # direct construction may pass a plain dict; keep the config immutable and hashable
         object.__setattr__(self, "labels", FrozenMap(self.labels))
+        if bool(self.control_tls_cert_file) != bool(self.control_tls_key_file):
+            raise ValueError("control_tls_cert_file and control_tls_key_file go together: set both or neither")
+        if self.control_tls_client_ca_file and not self.control_tls_cert_file:
+            raise ValueError("control_tls_client_ca_file (mutual TLS) needs control_tls_cert_file and "
+                             "control_tls_key_file")
         if self.reflex_holddown_max_s < self.reflex_holddown_s:
             raise ValueError(f"reflex_holddown_max_s ({self.reflex_holddown_max_s}) must not be below "
                              f"reflex_holddown_s ({self.reflex_holddown_s})")

@@ -180,11 +180,17 @@ def build_agent(cfg: AgentConfig) -> Agent:
     sources = build_sources(cfg)
     if cfg.reflex:  # a background part of the agent: started, stopped and given the event sink with the sources
         sources.append(build_reflex(cfg, identity=identity, clock=clock, headers=headers))
+    control = None
+    if cfg.control_keys_file and cfg.control_listen:  # signed route and job commands from the controller
+        from ridethrough.actuators.control_agent import build_agent_control
+
+        control = build_agent_control(cfg, identity=identity, headers=headers)
     return Agent(identity=identity, sources=sources, gateway=cfg.gateway,
                  export_interval_s=cfg.export_interval_s, export_timeout_s=cfg.export_timeout_s,
                  buffer_max_batches=cfg.buffer_max_batches, clock=clock, max_series=cfg.max_series,
                  prometheus_listen=cfg.prometheus_listen,
-                 descriptions={m.name: m.description for m in catalogue.metrics()}, headers=headers)
+                 descriptions={m.name: m.description for m in catalogue.metrics()}, headers=headers,
+                 services={"control": control} if control is not None else None)
 
 
 def read_token(path: str) -> str:

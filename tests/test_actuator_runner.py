@@ -600,7 +600,7 @@ def test_entry_point_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.syspath_prepend(str(tmp_path))
     names = sorted(p.name for p in load_plugins([Scripted(name="explicit")]))
     # beside the project's own plugins (migrate), registered in its pyproject
-    assert names == ["explicit", "from-entry-point", "from-factory", "migrate", "scripted"]
+    assert names == ["explicit", "from-entry-point", "from-factory", "migrate", "reroute", "scripted"]
     with pytest.raises(PluginError, match="name 'scripted' is used by more than one plugin"):
         load_plugins([Scripted()])
     (dist / "entry_points.txt").write_text("[ridethrough.actuators]\nbad = rt_fake_actuators:MISSING\n")

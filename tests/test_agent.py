@@ -166,3 +166,49 @@ def test_exports_follow_collection_rounds_once_per_interval(monkeypatch: pytest.
     assert statistics.median(lags) < 0.1, lags  # scheduled independently, the median would be ~0.2 s
     gaps = [b - a for a, b in itertools.pairwise(exported_at[:8])]
     assert min(gaps) >= 0.9 * 0.4 - 0.02, gaps  # no more often than about once an interval
+
+
+def test_an_agent_with_a_key_file_serves_signed_route_and_job_commands(tmp_path: Path, caplog) -> None:
+    from ridethrough import wiring
+    from ridethrough.actuators.command_auth import KeyRing
+    from ridethrough.actuators.control_client import ControlCallError, ControlClient
+    from ridethrough.settings import AgentConfig
+
+    secret = "ab" * 32
+    keys = tmp_path / "keys"
+    keys.write_text(f"k1={secret}\n")
+    cfg = AgentConfig(gateway=f"127.0.0.1:{_free_port()}", node_id="n1", sources=(), control_listen="127.0.0.1:0",
+                      control_keys_file=str(keys), job_run_dir=str(tmp_path / "run"))
+    agent = wiring.build_agent(cfg)
+    agent.start()
+    try:
+        target = agent.addresses["control"]
+        with ControlClient(keys=KeyRing({"k1": bytes.fromhex(secret)}), key_id="k1") as client:
+            pong = client.call(target=target, node="n1", command="ping", key="p1")
+            status = client.call(target=target, node="n1", command="job.status", key="j1", args={"gpu": 0})
+            with pytest.raises(ControlCallError) as wrong:
+                ControlClient(keys=KeyRing({"k1": b"\x01" * 32}), key_id="k1").call(
+                    target=target, node="n1", command="ping", key="p2")
+    finally:
+        agent.stop(timeout_s=2)
+    assert pong.ok and pong.data["node"] == "n1"
+    assert not status.ok and status.command == "job.status", "no launcher in the run dir: said, not raised"
+    assert wrong.value.reason == "bad_signature"
+    assert secret not in caplog.text
+
+
+def test_an_agent_without_a_key_file_runs_no_control_plane_and_a_bad_one_stops_the_start(tmp_path: Path) -> None:
+    from ridethrough import wiring
+    from ridethrough.settings import AgentConfig
+
+    plain = wiring.build_agent(AgentConfig(gateway="127.0.0.1:4317", node_id="n1", sources=()))
+    assert plain._services == {}
+    bad = tmp_path / "keys"
+    bad.write_text("k1=" + "cd" * 8 + "\n")  # too short a key
+    with pytest.raises(ValueError, match="at least 32") as err:
+        wiring.build_agent(AgentConfig(gateway="127.0.0.1:4317", node_id="n1", sources=(),
+                                       control_listen="127.0.0.1:0", control_keys_file=str(bad)))
+    assert "cd" * 8 not in str(err.value)
+    with pytest.raises(ValueError, match="cannot read control keys"):
+        wiring.build_agent(AgentConfig(gateway="127.0.0.1:4317", node_id="n1", sources=(),
+                                       control_listen="127.0.0.1:0", control_keys_file=str(tmp_path / "none")))

@@ -430,3 +430,20 @@ def test_every_component_field_has_help() -> None:
     for model in COMPONENTS.values():
         for f in dataclasses.fields(model):
             assert f.metadata.get("help"), f"{model.__name__}.{f.name}"
+
+
+def test_agent_control_plane_fields_load_from_env_and_check_their_tls_pairs(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    loaded = load_component("agent", env={"RIDETHROUGH_AGENT_CONTROL_KEYS_FILE": str(keys),
+                                          "RIDETHROUGH_AGENT_CONTROL_KEY_IDS": "k1,k2",
+                                          "RIDETHROUGH_AGENT_JOB_RUN_DIR": "/run/jobs"})
+    cfg = loaded.config
+    assert (cfg.control_listen, cfg.control_keys_file, cfg.control_key_ids, cfg.job_run_dir) == \
+        ("0.0.0.0:7450", str(keys), ("k1", "k2"), "/run/jobs")
+    assert loaded.origins["control_keys_file"] == "env:RIDETHROUGH_AGENT_CONTROL_KEYS_FILE"
+    with pytest.raises(ConfigError, match="control_tls_cert_file and control_tls_key_file go together"):
+        load_component("agent", env={"RIDETHROUGH_AGENT_CONTROL_TLS_CERT_FILE": "c.pem"})
+    with pytest.raises(ConfigError, match="mutual TLS"):
+        load_component("agent", env={"RIDETHROUGH_AGENT_CONTROL_TLS_CLIENT_CA_FILE": "ca.pem"})
+    with pytest.raises(ConfigError, match="control_listen"):
+        load_component("agent", env={"RIDETHROUGH_AGENT_CONTROL_LISTEN": "no-port"})

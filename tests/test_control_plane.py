@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import secrets
@@ -31,7 +32,7 @@ from ridethrough.actuators.command_auth import (
     ReplayCache,
     load_keyring,
 )
-from ridethrough.actuators.commands import Args, CommandRegistry, Outcome, Param, Route, builtin_registry
+from ridethrough.actuators.commands import Args, BadArgs, CommandRegistry, Outcome, Param, Route, builtin_registry
 from ridethrough.actuators.control_client import (
     ControlCallError,
     ControlClient,
@@ -75,6 +76,15 @@ class FakeRoutes:
     def delete(self, destination: str, *, table: int) -> None:
         self.changes.append(f"delete {destination}")
         self.table.pop((destination, table), None)
+
+    def lookup(self, destination: str, *, own: bool) -> tuple[tuple[str, str], ...]:
+        """The nexthops of the longest main-table prefix holding the destination's first address (``own``:
+        counting routes with a metric, which stand for ridethrough's here)."""
+        address = ipaddress.ip_network(destination).network_address
+        held = [r for (d, t), r in self.table.items()
+                if t == 254 and address in ipaddress.ip_network(d) and (own or not r.metric)]
+        best = max(held, key=lambda r: ipaddress.ip_network(r.destination).prefixlen, default=None)
+        return () if best is None else ((best.dev, best.via), *best.more)
 
 
 @dataclass
@@ -481,9 +491,45 @@ def test_route_set_and_restore_put_the_original_route_back(start_agent) -> None:
         restored = call("route.restore", "s3")
         again = call("route.restore", "s4")
     assert first.data == {"previous_absent": False, "previous_dev": "eth0", "previous_via": "10.0.0.1",
-                          "previous_metric": 0}
+                          "previous_metric": 0, "previous_more": ""}
     assert restored.ok and agent.routes.table[("10.0.2.0/24", 254)] == original
     assert not again.ok and "previous_dev" in again.detail, "nothing saved any more: says what to pass"
+
+
+def test_route_set_with_ecmp_nexthops_is_read_back_and_restored_from_its_data(start_agent) -> None:
+    agent = start_agent()
+    agent.routes.table[("10.200.0.0/16", 254)] = Route("10.200.0.0/16", "nic0", "10.64.0.0",
+                                                       more=(("nic1", "10.65.0.0"), ("nic2", "10.66.0.0")))
+    args = {"destination": "10.200.1.1/32", "dev": "nic0", "via": "10.64.0.0", "more": "nic2@10.66.0.0",
+            "metric": 100}
+    with _client() as client:
+        def call(command: str, key: str, **extra: object) -> Reply:
+            return client.call(target=agent.address, node=NODE, command=command, key=key,
+                               args={"destination": "10.200.1.1/32", **extra})  # type: ignore[dict-item]
+        before = call("route.get", "g1")
+        put = client.call(target=agent.address, node=NODE, command="route.set", key="s1", args=args)
+        after = call("route.get", "g2")
+        installed = agent.routes.table.get(("10.200.1.1/32", 254))
+        with pytest.raises(ControlCallError) as bad:
+            call("route.set", "s2", dev="nic0", more="nic1@not-an-ip")
+        back = call("route.restore", "r1", **{k: v for k, v in put.data.items()})
+        gone = call("route.get", "g3")
+    base = "nic0@10.64.0.0,nic1@10.65.0.0,nic2@10.66.0.0"
+    assert before.data == {"present": False, "lookup": "nic0,nic1,nic2", "base": base}, "the covering /16"
+    assert put.ok and put.data["previous_absent"] is True
+    assert installed == Route("10.200.1.1/32", "nic0", "10.64.0.0", metric=100, more=(("nic2", "10.66.0.0"),))
+    assert after.data == {"present": True, "lookup": "nic0,nic2", "base": base, "dev": "nic0", "via": "10.64.0.0",
+                          "metric": 100, "more": "nic2@10.66.0.0"}
+    assert bad.value.reason == "bad_args" and "not-an-ip" in bad.value.detail
+    assert back.ok and ("10.200.1.1/32", 254) not in agent.routes.table
+    assert gone.data["present"] is False and gone.data["lookup"] == "nic0,nic1,nic2"
+
+
+def test_route_set_refuses_malformed_nexthops_before_running() -> None:
+    registry = builtin_registry(node_id=NODE, clock=time.time_ns, route_ops=FakeRoutes())
+    for more in ("nic1@10.0.0.300", "bad name with spaces", "nic1@::1"):
+        with pytest.raises(BadArgs):
+            registry.bind("route.set", {"destination": "10.0.0.0/24", "dev": "nic0", "more": more})
 
 
 def test_route_restore_with_an_explicit_previous_route_after_an_agent_restart(start_agent) -> None:

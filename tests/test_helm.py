@@ -45,7 +45,8 @@ VALUES: dict[str, dict[str, Any]] = {
                                                        "basic_auth_password": "file:/etc/ridethrough/dashboard/pw"}}},
     "dry-run-actuators": {"config": {"actuators": {"enabled": True, "dry_run": True, "max_concurrent": 4},
                                      "agent": {"reflex": True, "interval_s": 2.0}},
-                          "controller": {"leaderElection": {"enabled": False}}},
+                          "controller": {"leaderElection": {"enabled": False}},
+                          "controlPlane": {"existingSecret": "control-keys"}},
     "no-controller": {"controller": {"enabled": False}, "agent": {"netAdmin": False},
                       "gateway": {"autoscaling": {"enabled": False}, "replicas": 3}},
 }
@@ -163,6 +164,19 @@ def test_agent_daemonset_runs_on_gpu_nodes_with_what_it_needs() -> None:
     without = by_kind(render(VALUES["no-controller"]), "DaemonSet")["rt-ridethrough-agent"]
     sc = without["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert "add" not in sc["capabilities"] and sc["runAsNonRoot"] is True
+
+
+def test_a_control_plane_secret_turns_on_the_agents_control_plane_and_the_controllers_signing() -> None:
+    docs = render(VALUES["dry-run-actuators"])
+    agent = by_kind(docs, "DaemonSet")["rt-ridethrough-agent"]["spec"]["template"]["spec"]["containers"][0]
+    controller = by_kind(docs, "Deployment")["rt-ridethrough-controller"]["spec"]["template"]["spec"]["containers"][0]
+    mount = {"name": "control", "mountPath": "/etc/ridethrough/control", "readOnly": True}
+    for container, var in ((agent, "RIDETHROUGH_AGENT_CONTROL_KEYS_FILE"),
+                           (controller, "RIDETHROUGH_CONTROL_KEYS_FILE")):
+        assert {"name": var, "value": "/etc/ridethrough/control/keys"} in container["env"]
+        assert mount in container["volumeMounts"]
+    plain = by_kind(render({}), "DaemonSet")["rt-ridethrough-agent"]["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"] == "RIDETHROUGH_AGENT_CONTROL_KEYS_FILE" for e in plain["env"])
 
 
 def test_gateway_scales_and_keeps_its_spool() -> None:

@@ -1,0 +1,105 @@
+"""Which hosts must stop sending which traffic out of which NIC, so that no path crosses a bad link (pure).
+
+A host cannot pick the spine (the leaf hashes) but it picks the NIC for every destination. So
+for a bad link ``L`` the fabric map (`ridethrough.detectors.fabric_map.RouteMap`) says, for
+every probed direction ``src/nic->dst/nic:forward``, the routes its packets may take: if any of
+them crosses ``L``, ``src`` must send to ``dst`` out of its other NICs. A spine link costs the
+hosts on either side of it the whole rail between their racks (the leaf could hash any flow
+onto the bad spine); a host link costs its host that NIC, and every other host that rail
+towards it. Same-rack traffic on a spine link's rail is untouched.
+
+The last-path rule: when some pair would be left without a NIC, nothing is planned at all, and
+`plan_avoid` says which pair and why (a partial reroute would hide the problem it cannot fix).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ridethrough.detectors.fabric_map import RouteMap, path_id
+
+_FORWARD = re.compile(r"(?P<src>[^/\s>]+)/(?P<nic>[^/\s>]+)->(?P<dst>[^/\s>]+)/(?P<dnic>[^/\s:]+):forward")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class HostChange:
+    """On ``host``: send traffic for ``destination`` (a /32) out of ``keep`` only, never out of ``avoid``."""
+
+    host: str
+    peer: str
+    destination: str
+    avoid: tuple[str, ...]
+    keep: tuple[str, ...]
+
+    def to_json(self) -> list[object]:
+        """The change as a JSON list (`Plan.params` hold strings only)."""
+        return [self.host, self.peer, self.destination, list(self.avoid), list(self.keep)]
+
+    @classmethod
+    def from_json(cls, doc: Sequence[object]) -> HostChange:
+        """The change `to_json` wrote; ValueError if it is not one."""
+        if len(doc) != 5 or not all(isinstance(x, str) for x in doc[:3]) or \
+                not all(isinstance(x, list) and all(isinstance(n, str) for n in x) for x in doc[3:]):
+            raise ValueError(f"not a host change: {doc!r}")
+        host, peer, dest, avoid, keep = doc
+        return cls(str(host), str(peer), str(dest), tuple(avoid), tuple(keep))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class AvoidPlan:
+    """The changes that take every path off ``link``, the path ids they remove, or why there is no plan."""
+
+    link: str
+    changes: tuple[HostChange, ...] = ()
+    removed_paths: frozenset[str] = frozenset()
+    refusal: str = ""
+    """Non-empty: no plan (the last-path rule, or nothing known about the link)."""
+
+
+def encode_changes(changes: Sequence[HostChange]) -> str:
+    """Changes as one JSON string, for `Plan.params`."""
+    return json.dumps([c.to_json() for c in changes], separators=(",", ":"))
+
+
+def decode_changes(text: str) -> tuple[HostChange, ...]:
+    """Changes `encode_changes` wrote; ValueError if the text is not that."""
+    doc = json.loads(text)
+    if not isinstance(doc, list):
+        raise ValueError("changes: expected a JSON list")
+    return tuple(HostChange.from_json(c) for c in doc)
+
+
+def plan_avoid(fmap: RouteMap, link: str, addresses: Mapping[str, str]) -> AvoidPlan:
+    """The host route changes that keep every known path off ``link`` (see the module docstring).
+
+    ``addresses``: each host's stable address (the /32 its peers route to it).
+    """
+    nics: dict[tuple[str, str], set[str]] = {}  # (src, dst) -> NICs src can send to dst from
+    bad: dict[tuple[str, str], set[str]] = {}
+    removed: set[str] = set()
+    for pid in fmap.path_ids():
+        m = _FORWARD.fullmatch(pid)
+        if m is None:
+            continue
+        pair = (m["src"], m["dst"])
+        nics.setdefault(pair, set()).add(m["nic"])
+        if any(link in route for route in fmap.routes(pid)):
+            bad.setdefault(pair, set()).add(m["nic"])
+            # the same packets, seen from the other end's probe
+            removed |= {pid, path_id(m["dst"], m["dnic"], m["src"], m["nic"], "reverse")}
+    if not bad:
+        return AvoidPlan(link, refusal=f"no known path crosses {link}: nothing to move")
+    changes: list[HostChange] = []
+    for (src, dst), avoid in sorted(bad.items()):
+        keep = nics[(src, dst)] - avoid
+        if not keep:
+            return AvoidPlan(link, refusal=f"{src} reaches {dst} only over {link} (out of {', '.join(sorted(avoid))}):"
+                                           " routing around it would remove the last path; nothing planned")
+        if dst not in addresses:
+            return AvoidPlan(link, refusal=f"the stable address of {dst} is unknown; cannot route {src}'s traffic "
+                                           f"to it off {link}")
+        changes.append(HostChange(src, dst, f"{addresses[dst]}/32", tuple(sorted(avoid)), tuple(sorted(keep))))
+    return AvoidPlan(link, tuple(changes), frozenset(removed & set(fmap.path_ids())))

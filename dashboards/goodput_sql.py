@@ -76,7 +76,12 @@ parsed AS (
       AND LogAttributes['event.name'] IN ('job.step', 'job.started', 'job.ended')
       AND ({{job:String}} = '' OR LogAttributes['job.id'] = {{job:String}})
       AND Timestamp >= fromUnixTimestamp64Nano({{lo:Int64}})
+      -- the same bound on the (second-resolution) sorting and partition key: only the days and granules it
+      -- reaches are read, not the whole table
+      AND TimestampTime >= toDateTime(intDiv({{lo:Int64}}, 1000000000))
 ),
+-- A CTE named more than once is computed once when the store keeps CTEs (MATERIALIZED), else once per
+-- name: the events, ordered runs, jobs, ranks and actions are each named two to four times below.
 ev AS {{materialized}}(  -- rows whose attributes do not parse (not from our agent) are left out
     SELECT name, job, cluster, node, reason, tokens, samples,
            assumeNotNull(rank_n) AS rank, assumeNotNull(world_n) AS world, assumeNotNull(step_n) AS step,
@@ -93,26 +98,26 @@ runs AS (  -- a step run stored twice (a retried insert) is one run
            max(samples) AS samples
     FROM ev WHERE name = 'job.step' GROUP BY job, rank, step, s, e
 ),
-ordered AS (
+ordered AS {{materialized}}(
     SELECT *, min(toNullable(step)) OVER later AS later_min, max(toNullable(e)) OVER earlier AS prev_end,
            max(toNullable(step)) OVER earlier AS prev_max
     FROM runs
     WINDOW later AS (PARTITION BY job, rank ORDER BY s, step, e ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING),
            earlier AS (PARTITION BY job, rank ORDER BY s, step, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ),
-jobs AS (
+jobs AS {{materialized}}(
     SELECT job, max(world) AS world, min(if(name = 'job.step', s, t)) AS alloc_a,
            max(if(name = 'job.step', e, t)) AS alloc_b
     FROM ev GROUP BY job
 ),
-ranks AS (
+ranks AS {{materialized}}(
     SELECT job, rank, maxIf(toNullable(e), name = 'job.step') AS last_e,
            groupArrayIf(t, name = 'job.started' OR (name = 'job.ended' AND reason != 'completed')) AS restarts
     FROM ev GROUP BY job, rank
 ),
 nodes AS (SELECT DISTINCT job, cluster, node FROM ev),
 inc AS ({{incidents}}),
-act AS ({{actions}}),
+act AS {{materialized}}({{actions}}),
 win AS (
     SELECT DISTINCT n.job AS job, w.kind AS kind, w.a AS a, w.b AS b
     FROM (SELECT 'dis' AS kind, cluster, entity, a, b FROM inc

@@ -123,7 +123,27 @@ class Store:
             statements += schema_cluster.rollup_ddl(cluster=self.cluster)
         for statement in statements:
             self.command(statement)
-        return len(statements)
+        return len(statements) + self._add_projections()
+
+    def _add_projections(self) -> int:
+        """Give tables that an older version created the projections they lack; returns the statements run."""
+        run = 0
+        for table in schema.TABLES:
+            if not table.projections:
+                continue
+            local = f"{table.name}_local" if self.cluster else table.name
+            # the table's own statement names its projections on every server version (system.projections
+            # is recent)
+            _, found = self.query("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+                                  "AND name = {t:String}", parameters={"t": local})
+            text = found[0][0] if found else ""
+            for projection in table.projections:
+                if f"PROJECTION {projection.name} " in text or f"PROJECTION {schema.quote(projection.name)} " in text:
+                    continue
+                for statement in schema.add_projection_sql(table, projection, cluster=self.cluster):
+                    self.command(statement)
+                    run += 1
+        return run
 
     def ensure_table(self, table: schema.Table) -> None:
         """Create one of the project's own tables if it is missing, or add the columns an older version's

@@ -254,6 +254,21 @@ def test_fabric_reads_show_congestion_and_the_bad_nics(store: Store, fleet: Fake
     assert queries.customers(store, rng) == ["acme", "globex"]
 
 
+def test_recent_gauge_reads_take_the_metric_time_projection_and_answer_as_the_table_does(
+        store: Store, fleet: FakeFleet) -> None:
+    rng = queries.TimeRange(END - 1800 * S, END)
+    owd = rng.params(fleet.spec.cluster, direction="forward")
+    _, plan = store.query("EXPLAIN projections = 1 " + queries._OWD, parameters=owd)
+    assert any("by_metric_time" in r[0] for r in plan)  # the last half hour, not the day of every series
+    health = rng.params(fleet.spec.cluster, seen=END - 3600 * S, clock_warn=queries.CLOCK_WARN_S,
+                        clock_bad=queries.CLOCK_BAD_S)
+    for sql, params in ((queries._OWD, owd), (queries._NIC_UP, rng.params(fleet.spec.cluster)),
+                        (queries._HEALTH, health)):
+        _, read = store.query(sql, parameters=params)
+        _, table = store.query(sql, parameters=params, settings={"optimize_use_projections": 0})
+        assert read and sorted(read) == sorted(table)
+
+
 def test_topology_of_the_fleet_and_link_levels(fleet: FakeFleet) -> None:
     topo = topology(fabric_map(fleet.spec))
     kinds = [v[2] for v in topo.nodes.values()]

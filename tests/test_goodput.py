@@ -293,6 +293,16 @@ def test_sql_reads_nothing_of_other_customers_or_periods(store: Store) -> None:
     assert job_goodput(store, customer="foxtrot", periods=[Period(at(0), at(30))], job="g") == []
 
 
+def test_sql_reads_back_to_the_nanosecond_though_the_key_it_prunes_by_is_in_seconds(store: Store) -> None:
+    # the look-back starts mid-second (20.5 s): a step that ended later in that second (20.7 s) is read,
+    # though the sorting key it is found by (TimestampTime) holds whole seconds
+    job = JobRecord("india", "i", 1, runs=[run(0, 1, 0, 20.2), run(0, 2, 20.2, 20.7)])
+    insert(store, schema.LOGS, job_logs(job, cluster="ci", nodes={0: "n1"}))
+    (g,) = job_goodput(store, customer="india", periods=[Period(at(20.5), at(25))], lookback_s=0)
+    assert (g.steps, g.allocated_s) == (1, pytest.approx(0.2))
+    assert job_goodput(store, customer="india", periods=[Period(at(20.8), at(25))], lookback_s=0) == []
+
+
 def test_sql_refuses_bad_arguments_and_a_foreign_actions_table(store: Store) -> None:
     with pytest.raises(GoodputError, match="empty"):
         Period(at(5), at(5))

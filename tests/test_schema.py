@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +144,47 @@ def test_ensure_table_adds_the_columns_an_older_version_created_without(tmp_path
     assert "ADD COLUMN IF NOT EXISTS Params Map(String, String) CODEC" in clustered[0]
     assert clustered[1].endswith("ADD COLUMN IF NOT EXISTS Params Map(String, String), "
                                  "ADD COLUMN IF NOT EXISTS Recoveries UInt8")
+
+
+_DAY_OF_GAUGES = """
+INSERT INTO otel_metrics_gauge (ResourceAttributes, ServiceName, MetricName, Attributes, TimeUnix, Value)
+SELECT map('host.name', concat('h', toString(number % 100))), 'ridethrough-agent',
+       if(number % 2 = 0, 'ridethrough.probe.owd', 'hw.temperature'),
+       map('series', toString(number % 200)),
+       fromUnixTimestamp64Nano({end:Int64}) - toIntervalMinute(intDiv(number, 200)),
+       number % 97
+FROM numbers(200 * 1440)
+"""
+_LAST_HOUR = ("SELECT Attributes['series'] AS s, ResourceAttributes['host.name'] AS h, count(), median(Value) "
+              "FROM otel_metrics_gauge WHERE MetricName = 'ridethrough.probe.owd' "
+              "AND TimeUnix >= fromUnixTimestamp64Nano({start:Int64}) GROUP BY s, h ORDER BY s, h")
+
+
+def test_an_older_gauge_table_gets_the_metric_time_projection_and_recent_reads_use_it(tmp_path: Path) -> None:
+    end_ns = 1_767_225_600 * 10**9
+    params = {"end": end_ns, "start": end_ns - 3600 * 10**9}
+    s = Store(f"chdb://{tmp_path / 'store'}")
+    try:
+        # the table as a version before the projection created it, a day of points in it
+        s.command(schema.create_table_sql(dataclasses.replace(schema.GAUGE, projections=())))
+        s.command(_DAY_OF_GAUGES.replace("{end:Int64}", str(end_ns)))
+        without = s.query(_LAST_HOUR, parameters=params)
+        first = s.init_schema()
+        _, found = s.query("SELECT name FROM system.projections WHERE table = 'otel_metrics_gauge'")
+        assert found == [("by_metric_time",)]
+        assert s.init_schema() == first - 2  # added and built once, then nothing more to do
+        for _ in range(600):  # MATERIALIZE PROJECTION is a mutation, done in the background
+            _, pending = s.query("SELECT count() FROM system.mutations WHERE NOT is_done")
+            if not pending[0][0]:
+                break
+            time.sleep(0.1)
+        _, plan = s.query("EXPLAIN projections = 1 " + _LAST_HOUR, parameters=params)
+        assert any("by_metric_time" in r[0] for r in plan)
+        # the same answer as the table itself gives: 100 hosts x 2 series each, 60 or 61 points an hour
+        assert s.query(_LAST_HOUR, parameters=params) == without
+        assert len(without[1]) == 100 and {r[2] for r in without[1]} <= {60, 61}
+    finally:
+        s.close()
+    assert "PROJECTION `by_metric_time` (SELECT MetricName, TimeUnix" in schema.create_table_sql(schema.GAUGE)
+    clustered = schema.add_projection_sql(schema.GAUGE, schema.BY_METRIC_TIME, cluster="c1")
+    assert clustered[0].startswith("ALTER TABLE `otel_metrics_gauge_local` ON CLUSTER `c1` ADD PROJECTION IF NOT")

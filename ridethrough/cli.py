@@ -314,14 +314,21 @@ def config_show(component: Annotated[str, typer.Argument(
 @app.command()
 def demo(
     duration: Duration = None,
-    data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its store.")] = Path(".ridethrough/demo"),
+    no_dashboard: Annotated[bool, typer.Option("--no-dashboard", help="Do not start the dashboard.")] = False,
+    down: Annotated[bool, typer.Option("--down", help="Take a running demo down (namespaces, processes) "
+                                                      "and exit.")] = False,
+    name: Annotated[str, typer.Option("--name", help="The demo lab's name (prefix of its namespaces).")] = "demo",
+    data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its labs, store and run record.")] = Path(
+        ".ridethrough"),
     verbose: Verbose = False,
 ) -> None:
-    """Run the main job: gateway on an embedded store, an agent on this host, live counts."""
+    """The whole loop in five acts on an emulated cluster: faults, detection, actions, pages, goodput."""
     from ridethrough import demo as demo_mod
 
     _logging(verbose)
-    raise typer.Exit(demo_mod.run(data_dir=data_dir, duration_s=duration))
+    if down:
+        raise typer.Exit(demo_mod.down(name=name, data_dir=data_dir))
+    raise typer.Exit(demo_mod.run(name=name, data_dir=data_dir, duration_s=duration, dashboard=not no_dashboard))
 
 
 def main() -> None:

@@ -122,7 +122,12 @@ def report_incident(result: ActResult, ctx: Context, seen: Seen, *, since_ns: in
     if not seen.actions:
         result.add("missing", "no action recorded on this incident (no actuator plugin acted on it in time)")
     for a in seen.actions:
-        state = "ok" if a.status == "succeeded" else ("info" if a.status not in TERMINAL else "fail")
+        if a.status == "succeeded":
+            state = "ok"
+        elif a.status not in TERMINAL or (a.status == "refused" and a.reason.startswith("duplicate")):
+            state = "info"  # still running, or the same plan already decided: the runner acting once, as it should
+        else:
+            state = "fail"
         why = f": {a.reason}" if a.reason else ""
         result.add(state, f"action {a.plugin} {a.status}{' (dry run)' if a.dry_run else ''}{why}")
     spans = checks.trace_spans(ctx.stack.store, inc.trace_id)

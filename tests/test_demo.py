@@ -200,9 +200,8 @@ def test_gpu_act_opens_the_right_incident_and_decides_a_migration(story: dict[st
     assert rows, _tail(story)
     ids = "', '".join(r["IncidentId"] for r in rows)
     actions = _query(story, f"SELECT Plugin, Status, DryRun FROM actions FINAL WHERE IncidentId IN ('{ids}')")
-    assert any(a["Plugin"] == "migrate" and not a["DryRun"] for a in actions), actions
-    # TIGHTEN when the agents' job commands (job.migrate/job.status) are served in the lab: the action
-    # must then end `succeeded` (applied and verified), not `failed` for want of the agent's control plane.
+    # Applied through h4's agent (signed job.migrate to the launchers) and verified with job.status.
+    assert any(a["Plugin"] == "migrate" and not a["DryRun"] and a["Status"] == "succeeded" for a in actions), actions
 
 
 @pytest.mark.integration
@@ -213,6 +212,9 @@ def test_cut_and_freeze_acts_open_incidents_on_their_entities(story: dict[str, A
     cut = _query(story, "SELECT Entity FROM incidents FINAL WHERE Kind IN ('link_down', 'link_flap') "
                         "AND Entity IN ('h4-leaf1r0', 'h4/mlx5_0', 'h4/nic0')")
     assert cut, _tail(story)
+    routed = _query(story, "SELECT Status FROM actions FINAL WHERE Plugin = 'reroute' AND NOT DryRun "
+                           "AND IncidentId IN (SELECT IncidentId FROM incidents FINAL WHERE Entity = 'h4-leaf1r0')")
+    assert routed, _tail(story)  # the controller planned routes around the cut link on the affected hosts
     frozen = _query(story, "SELECT Entity FROM incidents FINAL WHERE Kind = 'agent_silent' AND Entity = 'h5'")
     assert frozen, _tail(story)
 

@@ -262,11 +262,13 @@ def test_straggle_caps_the_cpu_of_job_processes(lab: Lab) -> None:
 
     try:
         free = cpu_over(0.6)
-        lab.straggle("h7", cpu_fraction=0.2)
+        lab.straggle("h7", cpu_fraction=0.05)
         throttled = cgroups.throttled(jobs)
         capped = cpu_over(1.0)
-        assert capped < 0.3 and capped < free, (capped, free)
-        assert cgroups.throttled(jobs) > throttled
+        # The cap holds whatever else runs: at most 5 % of a CPU (plus a period's slack). On a machine
+        # so busy that the burner got under 10 % anyway, the cap may have had nothing to throttle.
+        assert capped < 0.1, (capped, free)
+        assert cgroups.throttled(jobs) > throttled or free < 0.1, (capped, free)
         lab.unstraggle("h7")
         assert (jobs / "cpu.cfs_quota_us").read_text().strip() == "-1"
     finally:

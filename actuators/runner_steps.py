@@ -130,21 +130,6 @@ class ActionSteps:
         self.write_spans(spans)
         return result, seconds
 
-    def _update(self, a: RunningAction, **changes: Any) -> None:
-        a.record = replace(a.record, version=a.record.version + 1, **changes)
-        try:
-            self._log.write(a.record)
-        except (StoreUnavailable, StoreError) as exc:  # the action goes on: stopping halfway is worse
-            log.warning("cannot record action %s as %s: %s", a.record.action_id, a.record.status.value, exc)
-            self._metrics.store_errors.labels(what="actions").inc()
-
-    def _write_spans(self, spans: list[SpanData]) -> None:
-        try:
-            self._spans.write(spans)
-        except (StoreUnavailable, StoreError, ValueError) as exc:
-            log.warning("cannot write %d action spans: %s", len(spans), exc)
-            self._metrics.store_errors.labels(what="spans").inc()
-
     def update(self, a: RunningAction, **changes: Any) -> None:
         """Write the action's next version with ``changes``."""
         a.record = replace(a.record, version=a.record.version + 1, **changes)

@@ -589,8 +589,10 @@ def test_the_sender_thread_starts_stops_and_leaves_the_rest_queued(server, tmp_p
     assert exp.outbox.counts()["pending"] == 1 and len(server.accepted) == 1
     exp.start()
     wait_for(lambda: len(server.accepted) == 2, timeout_s=10, what="the restarted sender to deliver")
-    assert exp.metrics.registry.get_sample_value("ridethrough_pagerduty_events_total",
-                                                 {"endpoint": "alert", "outcome": "sent"}) == 2
+    # The server has the event before the sender has read the 202 and counted it: wait for the count.
+    wait_for(lambda: exp.metrics.registry.get_sample_value("ridethrough_pagerduty_events_total",
+                                                           {"endpoint": "alert", "outcome": "sent"}) == 2,
+             timeout_s=10, what="the sender to count both events sent")
 
 
 @dataclass

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
 from typing import Any
 
-from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ridethrough.actuators.commands import Route
-from ridethrough.actuators.routes import MAIN_TABLE, RTPROT_RIDETHROUGH, RTPROT_RIDETHROUGH_CENTRAL
+from ridethrough.actuators.routes import MAIN_TABLE, RTPROT_RIDETHROUGH, RTPROT_RIDETHROUGH_CENTRAL, NetlinkSocket
 
 __all__ = ["RTPROT_RIDETHROUGH_CENTRAL", "NetlinkRouteOps"]
 _ESRCH = 3
@@ -39,29 +37,11 @@ def _network(destination: str) -> ipaddress.IPv4Network:
     return net
 
 
-class NetlinkRouteOps:
+class NetlinkRouteOps(NetlinkSocket):
     """`RouteOps` for the routes the control plane owns in this network namespace (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self._ipr: Any = None
-        self._lock = threading.Lock()
-
-    def _nl(self) -> Any:
-        if self._ipr is None:
-            self._ipr = IPRoute()
-            # pyroute2 0.9.7's sync IPRoute never sets this key, which its own nlm_request reads.
-            self._ipr.asyncore.status.setdefault("nlm_generator", False)
-        return self._ipr
-
-    def close(self) -> None:
-        """Close the netlink socket (it reopens on use)."""
-        with self._lock:
-            if self._ipr is not None:
-                self._ipr.close()
-                self._ipr = None
-
     def _names(self) -> dict[int, str]:
-        return {int(m["index"]): str(m.get_attr("IFLA_IFNAME")) for m in self._nl().get_links()}
+        return self._link_names()
 
     def _routes(self, table: int, **match: Any) -> list[Any]:
         return list(self._nl().get_routes(family=socket.AF_INET, table=table, **match))

@@ -113,15 +113,11 @@ class RouteTable(Protocol):
         ...
 
 
-class HostRoutes:
-    """The routes and TCP connections of the network namespace this process runs in.
-
-    Opens its netlink sockets on first use; one thread at a time (the reflex's).
-    """
+class NetlinkSocket:
+    """One rtnetlink socket of this network namespace, opened on first use, and a lock for its users."""
 
     def __init__(self) -> None:
         self._ipr: Any = None
-        self._names: dict[int, str] = {}
         self._lock = threading.Lock()
 
     def _nl(self) -> Any:
@@ -131,6 +127,9 @@ class HostRoutes:
             self._ipr.asyncore.status.setdefault("nlm_generator", False)
         return self._ipr
 
+    def _link_names(self) -> dict[int, str]:
+        return {int(m["index"]): str(m.get_attr("IFLA_IFNAME")) for m in self._nl().get_links()}
+
     def close(self) -> None:
         """Close the netlink socket (it reopens on use)."""
         with self._lock:
@@ -138,11 +137,22 @@ class HostRoutes:
                 self._ipr.close()
                 self._ipr = None
 
+
+class HostRoutes(NetlinkSocket):
+    """The routes and TCP connections of the network namespace this process runs in.
+
+    Opens its netlink sockets on first use; one thread at a time (the reflex's).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: dict[int, str] = {}
+
     # -- reading ---------------------------------------------------------------------------
 
     def interfaces(self) -> dict[int, str]:
         """Interface names by index (re-read every call: interfaces come and go)."""
-        self._names = {int(m["index"]): str(m.get_attr("IFLA_IFNAME")) for m in self._nl().get_links()}
+        self._names = self._link_names()
         return dict(self._names)
 
     def interface_of(self, address: str) -> str | None:

@@ -50,18 +50,12 @@ LINK = "leaf0r1-spine0"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    saved = {k: os.environ.get(k) for k in QUIET}
-    os.environ.update(QUIET)  # the supervisor, hence the server and the agents, inherit it
-    try:
+    with pytest.MonkeyPatch.context() as env:  # the supervisor, hence the server and the agents, inherit it
+        for k, v in QUIET.items():
+            env.setenv(k, v)
         with Lab.up(TopologySpec(hosts=2, racks=2, rails=2, spines=2, gpus=0),
                     name=f"trc{os.getpid() % 100000}") as running:
             yield running
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def controller(lab: Lab) -> tuple[ControlClient, AgentTargets]:

@@ -55,18 +55,12 @@ TUNING = {"RIDETHROUGH_AGENT_REFLEX": "true", "RIDETHROUGH_AGENT_REFLEX_WATCH": 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    saved = {k: os.environ.get(k) for k in TUNING}
-    os.environ.update(TUNING)  # the supervisor, hence the agents, inherit it
-    try:
+    with pytest.MonkeyPatch.context() as env:  # the supervisor, hence the agents, inherit it
+        for k, v in TUNING.items():
+            env.setenv(k, v)
         with Lab.up(TopologySpec(hosts=2, racks=2, rails=2, spines=2, gpus=0),
                     name=f"trk{os.getpid() % 100000}") as running:
             yield running
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class AgentOf:

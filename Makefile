@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # Debian packages the tests use: iproute2 (network namespaces for the lab), prometheus and
 # prometheus-alertmanager (rules, scrapes, pages), chromium (browser tests), openssl (certificates).
-DEBS   ?= iproute2 prometheus prometheus-alertmanager chromium openssl
+DEBS   ?= iproute2 prometheus prometheus-alertmanager chromium openssl nftables
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test check lint typecheck unit debs bench clean

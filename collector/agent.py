@@ -6,8 +6,9 @@ model, monotonic sums and gauges, cumulative since the agent started) and the SD
 OTLP/gRPC exporter ships it to the gateway, buffering while the gateway is away. Where
 asked, a Prometheus ``/metrics`` endpoint reads the same snapshot at each scrape
 (`ridethrough.collector.prometheus`). The snapshot holds at most ``max_series`` series;
-new ones beyond are dropped and counted. Events (start, stop, a source failing) go out
-as OTel log records. A source that raises is logged, counted and skipped for that tick.
+new ones beyond are dropped and counted. Events (start, stop, a source failing, and the
+background sources' job steps and XIDs) go out as OTel log records, buffered the same way
+(`ridethrough.collector.export_logs`). A source that raises is logged, counted and skipped for that tick.
 
 Why not the SDK's observable instruments: their callbacks, measurement objects and
 per-point aggregation cost more CPU than everything else the agent does, to
@@ -47,6 +48,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ridethrough.collector.export import BufferingMetricExporter, OTLPBytesExporter
+from ridethrough.collector.export_logs import BufferingLogExporter
 from ridethrough.collector.otlp_encode import EncodedMetrics, SampleEncoder
 from ridethrough.collector.prometheus import MetricsEndpoint, SnapshotCollector
 from ridethrough.collector.sample import BackgroundSource, Event, MetricKind, Sample, Source
@@ -59,6 +61,8 @@ SELF_METRICS: tuple[tuple[str, MetricKind, str], ...] = (
     ("ridethrough.agent.export.dropped", MetricKind.COUNTER, "{point}"),
     ("ridethrough.agent.export.buffered", MetricKind.GAUGE, "{batch}"),
     ("ridethrough.agent.series.dropped", MetricKind.COUNTER, "{series}"),
+    ("ridethrough.agent.events.dropped", MetricKind.COUNTER, "{event}"),
+    ("ridethrough.agent.events.buffered", MetricKind.GAUGE, "{batch}"),
 )
 """What the agent reports about itself: (name, kind, unit), as catalogued."""
 Clock = Callable[[], int]
@@ -223,8 +227,11 @@ class Agent:
             OTLPBytesExporter(endpoint=gateway, timeout_s=export_timeout_s, headers=headers),
             max_batches=buffer_max_batches)
         self._logs = LoggerProvider(resource=self._resource)
-        self._logs.add_log_record_processor(BatchLogRecordProcessor(
-            OTLPLogExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s, headers=dict(headers))))
+        # events wait out a gateway that is away as metrics do (the SDK's processor drops what fails)
+        self.event_exporter = BufferingLogExporter(
+            OTLPLogExporter(endpoint=gateway, insecure=True, timeout=export_timeout_s, headers=dict(headers)),
+            max_batches=buffer_max_batches)
+        self._logs.add_log_record_processor(BatchLogRecordProcessor(self.event_exporter))
         self._events = self._logs.get_logger(SCOPE)
         self._thread = threading.Thread(target=self._run, name="rt-agent-collect", daemon=True)
         self._exporting = threading.Thread(target=self._export_loop, name="rt-agent-export", daemon=True)
@@ -310,6 +317,12 @@ class Agent:
         self.exports += 1
         return result is MetricExportResult.SUCCESS
 
+    def _retry_events(self) -> None:
+        try:
+            self.event_exporter.retry()
+        except Exception:  # telemetry never takes down its host
+            log.exception("event export retry failed")
+
     def event(self, name: str, body: str, *, severity: SeverityNumber = SeverityNumber.INFO,
               attributes: Mapping[str, str] | None = None) -> None:
         """Emit one of the agent's own events as an OTel log record."""
@@ -351,6 +364,8 @@ class Agent:
             "ridethrough.agent.export.buffered": lambda: [(self.exporter.buffered_batches, {})],
             "ridethrough.agent.series.dropped": lambda: [(self._snapshot.dropped.get(s.name, 0), on(s.name))
                                                          for s in self._sources],
+            "ridethrough.agent.events.dropped": lambda: [(self.event_exporter.dropped_records, {})],
+            "ridethrough.agent.events.buffered": lambda: [(self.event_exporter.buffered_batches, {})],
         }
 
     def _on_source(self, source: str) -> dict[str, str]:
@@ -392,4 +407,5 @@ class Agent:
             if fresh and now - last < 0.9 * interval:
                 continue  # read sooner than an interval after the last export: these go with the next round
             self.export()
+            self._retry_events()
             last = now

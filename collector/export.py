@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -44,6 +44,7 @@ RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 
 Batch = TypeVar("Batch", MetricsData, EncodedMetrics)
 Batch_contra = TypeVar("Batch_contra", MetricsData, EncodedMetrics, contravariant=True)
+Queued = TypeVar("Queued")
 
 
 class BatchExporter(Protocol[Batch_contra]):
@@ -149,42 +150,80 @@ def _note_partial_success(response: ExportMetricsServiceResponse, endpoint: str)
         log.warning("gateway %s rejected %d point(s): %s", endpoint, rejected, response.partial_success.error_message)
 
 
+class RetryQueue(Generic[Queued]):
+    """Batches that failed to send, oldest first, at most ``max_batches``; when full, the oldest is dropped.
+
+    ``count`` says how many items (points, records) a batch holds, for the drop counters; ``what``
+    names them in the log.
+    """
+
+    def __init__(self, *, max_batches: int, count: Callable[[Queued], int], what: str) -> None:
+        self._queue: deque[Queued] = deque()
+        self._max = max_batches
+        self._count = count
+        self._what = what
+        self._lock = threading.Lock()
+        self.dropped_batches = 0
+        self.dropped_items = 0
+        self.sent_batches = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def send(self, batch: Queued | None, attempt: Callable[[Queued], bool]) -> bool:
+        """Queue ``batch`` (if any), then send the queue oldest first with ``attempt``; False at the first failure."""
+        with self._lock:
+            if batch is not None:
+                self._queue.append(batch)
+                self._trim()
+            while self._queue:
+                if not attempt(self._queue[0]):
+                    log.warning("gateway unreachable; %d export(s) buffered (%s)", len(self._queue), self._what)
+                    return False
+                self._queue.popleft()
+                self.sent_batches += 1
+            return True
+
+    def _trim(self) -> None:
+        while len(self._queue) > self._max:
+            lost = self._queue.popleft()
+            self.dropped_batches += 1
+            self.dropped_items += self._count(lost)
+            log.error("agent %s buffer full: dropped an export (%d dropped so far)", self._what, self.dropped_batches)
+
+
 class BufferingMetricExporter(Generic[Batch]):
     """Delegates to ``inner``; queues failed exports, at most ``max_batches`` of them."""
 
     def __init__(self, inner: BatchExporter[Batch], *, max_batches: int) -> None:
         self._inner: BatchExporter[Batch] = inner
-        self._queue: deque[Batch] = deque()
-        self._max = max_batches
-        self._lock = threading.Lock()
-        self.dropped_batches = 0
-        self.dropped_points = 0
-        self.sent_batches = 0
+        self._queue: RetryQueue[Batch] = RetryQueue(max_batches=max_batches, count=count_points, what="metric")
 
     @property
     def buffered_batches(self) -> int:
         """Exports waiting for the gateway."""
         return len(self._queue)
 
+    @property
+    def dropped_batches(self) -> int:
+        """Exports dropped because the buffer was full."""
+        return self._queue.dropped_batches
+
+    @property
+    def dropped_points(self) -> int:
+        """Data points in the dropped exports."""
+        return self._queue.dropped_items
+
+    @property
+    def sent_batches(self) -> int:
+        """Exports the gateway took."""
+        return self._queue.sent_batches
+
     def export(self, batch: Batch, timeout_millis: float = 10_000) -> MetricExportResult:
         """Send queued exports, then this one; queue whatever fails."""
-        with self._lock:
-            self._queue.append(batch)
-            self._trim()
-            while self._queue:
-                if self._inner.export(self._queue[0], timeout_millis=timeout_millis) is not MetricExportResult.SUCCESS:
-                    log.warning("gateway unreachable; %d export(s) buffered", len(self._queue))
-                    return MetricExportResult.FAILURE
-                self._queue.popleft()
-                self.sent_batches += 1
-            return MetricExportResult.SUCCESS
-
-    def _trim(self) -> None:
-        while len(self._queue) > self._max:
-            lost = self._queue.popleft()
-            self.dropped_batches += 1
-            self.dropped_points += count_points(lost)
-            log.error("agent buffer full: dropped an export (%d dropped so far)", self.dropped_batches)
+        def attempt(b: Batch) -> bool:
+            return self._inner.export(b, timeout_millis=timeout_millis) is MetricExportResult.SUCCESS
+        return MetricExportResult.SUCCESS if self._queue.send(batch, attempt) else MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Flush the inner exporter."""

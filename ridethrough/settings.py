@@ -229,7 +229,7 @@ class AgentConfig:
     export_timeout_s: float = field(default=5.0, metadata=_help(
         "Timeout of one export to the gateway, in seconds.", min=0.01))
     buffer_max_batches: int = field(default=300, metadata=_help(
-        "Batches kept while the gateway is away; the oldest are dropped beyond this.", min=1))
+        "Batches kept while the gateway is away (metrics and events each); the oldest are dropped beyond this.", min=1))
     # The reflex rewrites this host's routing table (it needs CAP_NET_ADMIN, the probe responder
     # on every peer and a multi-rail host whose stable addresses it may override), so turning it
     # on is a deployment decision: off by default, on in the lab (`ridethrough.lab.supervisor`).

@@ -12,7 +12,8 @@ plan, its incident, the fleet snapshot and what is already in flight. Checks, fi
    removed and what actions in flight will drain or remove.
 
 Idempotency (a plan already decided never runs twice) needs the store, so the runner checks it.
-A plan that passes may still need a human: `ApprovalQueue` holds it until approve, deny or timeout.
+A plan that passes may still need a human: `ApprovalQueue` holds it until approve, deny or timeout,
+and remembers who answered and why (`Answer`).
 """
 
 from __future__ import annotations
@@ -139,11 +140,23 @@ class Verdict(enum.Enum):
     """The runner shut down while the plan waited."""
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How a wait for approval ended, and who gave the answer (empty for a timeout, or a caller that
+    did not say)."""
+
+    verdict: Verdict
+    by: str = ""
+    reason: str = ""
+
+
 @dataclass(eq=False)
 class _Waiting:
     plan: Plan
     answered: threading.Event = field(default_factory=threading.Event)
     verdict: Verdict | None = None
+    by: str = ""
+    reason: str = ""
 
 
 class ApprovalQueue:
@@ -163,7 +176,7 @@ class ApprovalQueue:
                 entry.answered.set()
             self._waiting[plan.idempotency_key] = entry
 
-    def wait(self, plan_id: str, timeout_s: float) -> Verdict:
+    def wait(self, plan_id: str, timeout_s: float) -> Answer:
         """Block until the plan is answered or ``timeout_s`` passes; the plan leaves the queue."""
         with self._lock:
             entry = self._waiting[plan_id]
@@ -172,28 +185,28 @@ class ApprovalQueue:
             # An answer that races the timeout wins: it was given before the plan left the queue.
             entry.verdict = entry.verdict or Verdict.TIMED_OUT
             del self._waiting[plan_id]
-            return entry.verdict
+            return Answer(entry.verdict, entry.by, entry.reason)
 
     def pending(self) -> list[Plan]:
         """Plans not yet answered, in the order they arrived."""
         with self._lock:
             return [w.plan for w in self._waiting.values() if w.verdict is None]
 
-    def approve(self, plan_id: str) -> None:
-        """Let the plan run; `UnknownPlan` if it is not waiting."""
-        self._answer(plan_id, Verdict.APPROVED)
+    def approve(self, plan_id: str, *, by: str = "", reason: str = "") -> None:
+        """Let the plan run (``by``: who approved, ``reason``: why); `UnknownPlan` if it is not waiting."""
+        self._answer(plan_id, Verdict.APPROVED, by, reason)
 
-    def deny(self, plan_id: str) -> None:
-        """Refuse the plan for good; `UnknownPlan` if it is not waiting."""
-        self._answer(plan_id, Verdict.DENIED)
+    def deny(self, plan_id: str, *, by: str = "", reason: str = "") -> None:
+        """Refuse the plan for good (``by``: who denied, ``reason``: why); `UnknownPlan` if it is not waiting."""
+        self._answer(plan_id, Verdict.DENIED, by, reason)
 
-    def _answer(self, plan_id: str, verdict: Verdict) -> None:
+    def _answer(self, plan_id: str, verdict: Verdict, by: str, reason: str) -> None:
         with self._lock:
             entry = self._waiting.get(plan_id)
             if entry is None or entry.verdict is not None:
                 waiting = ", ".join(k for k, w in self._waiting.items() if w.verdict is None) or "none"
                 raise UnknownPlan(f"no plan {plan_id!r} is awaiting approval (waiting: {waiting})")
-            entry.verdict = verdict
+            entry.verdict, entry.by, entry.reason = verdict, by, reason
             entry.answered.set()
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ridethrough.actuators.actions import IN_FLIGHT, ActionLog, ActionRecord, Status, consumes_key, last_acted
 from ridethrough.actuators.contract import Actuator, Deadline, FleetState, Plan
 from ridethrough.actuators.plugins import call_with_deadline, check_plan
-from ridethrough.actuators.policy import ApprovalQueue, InFlight, RunnerPolicy, Verdict, refusal
+from ridethrough.actuators.policy import Answer, ApprovalQueue, InFlight, RunnerPolicy, Verdict, refusal
 from ridethrough.actuators.runner_recovery import Takeover, take_over
 from ridethrough.actuators.runner_steps import ActionSteps, RunningAction
 from ridethrough.actuators.runner_steps import RunnerMetrics as RunnerMetrics  # re-exported: the runner's API
@@ -62,6 +62,13 @@ class Decision:
 
 def _rule(reason: str) -> str:
     return reason.split(":", 1)[0]
+
+
+def _answered(verb: str, answer: Answer, anonymous: str) -> str:
+    """The action's reason after a human's answer: "approved by alice: looks right"."""
+    if not answer.by:
+        return anonymous
+    return f"{verb} by {answer.by}: {answer.reason}" if answer.reason else f"{verb} by {answer.by}"
 
 
 def _traceable(incident: Incident) -> bool:
@@ -299,14 +306,17 @@ class Runner:
 
     def _approved(self, a: RunningAction) -> bool:
         span = a.trace.start("action.approval", {"action.id": a.record.action_id})
-        verdict = self.approvals.wait(a.plan.idempotency_key, self.policy.approval_timeout_s)
-        span.end(self._clock(), attributes={"approval.verdict": verdict.value})
+        answer = self.approvals.wait(a.plan.idempotency_key, self.policy.approval_timeout_s)
+        verdict = answer.verdict
+        span.end(self._clock(), attributes={"approval.verdict": verdict.value,
+                                            **({"approval.by": answer.by} if answer.by else {})})
         self._steps.write_spans([span])
         if verdict is Verdict.APPROVED:
-            self._steps.update(a, status=Status.APPLYING, reason="approved", started_at_ns=self._clock())
+            self._steps.update(a, status=Status.APPLYING, reason=_answered("approved", answer, "approved"),
+                               started_at_ns=self._clock())
             return True
         status, reason = {
-            Verdict.DENIED: (Status.DENIED, "denied by a human"),
+            Verdict.DENIED: (Status.DENIED, _answered("denied", answer, "denied by a human")),
             Verdict.TIMED_OUT: (Status.REFUSED, f"approval timed out after {self.policy.approval_timeout_s:g} s"),
             Verdict.ABANDONED: (Status.REFUSED, "approval abandoned: the runner shut down"),
         }[verdict]
@@ -315,13 +325,20 @@ class Runner:
 
     # -- approvals and lifetime -------------------------------------------------------------
 
-    def approve(self, plan_id: str) -> None:
-        """Let a plan awaiting approval run (by its idempotency key); `UnknownPlan` if none is waiting."""
-        self.approvals.approve(plan_id)
+    def approve(self, plan_id: str, *, by: str = "", reason: str = "") -> None:
+        """Let a plan awaiting approval run (by its idempotency key; ``by`` and ``reason`` go into the action's
+        reason); `UnknownPlan` if none is waiting."""
+        self.approvals.approve(plan_id, by=by, reason=reason)
 
-    def deny(self, plan_id: str) -> None:
+    def deny(self, plan_id: str, *, by: str = "", reason: str = "") -> None:
         """Refuse a plan awaiting approval for good (its key is spent); `UnknownPlan` if none is waiting."""
-        self.approvals.deny(plan_id)
+        self.approvals.deny(plan_id, by=by, reason=reason)
+
+    def awaiting_approval(self) -> dict[str, str]:
+        """Action id → plan id of the actions now waiting for a human here."""
+        with self._lock:
+            return {aid: a.plan.idempotency_key for aid, a in self._in_flight.items()
+                    if a.needs_approval and a.record.status is Status.AWAITING_APPROVAL}
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no action is in flight; False at the timeout."""

@@ -25,7 +25,7 @@ from ridethrough.detectors.incident_events import SERVICE
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable
 
 KEY_ATTRIBUTES = ("incident.transition", "incident.kind", "entity.name", "action.plugin", "action.status",
-                  "action.reason", "approval.verdict", "step.name", "result.detail")
+                  "action.reason", "approval.verdict", "approval.by", "step.name", "result.detail")
 """The attributes a tree line shows, in this order, when a span has them."""
 _MAX_VALUE = 80
 

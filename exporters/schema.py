@@ -322,6 +322,7 @@ RETENTION: Mapping[str, Retention] = MappingProxyType({
     # The domain tables beside the OTel ones (detectors.incidents, actuators.actions, lab.truth): years.
     "incidents": Retention("OpenedAt", _YEARS_5),
     "actions": Retention("DecidedAt", _YEARS_5),
+    "approvals": Retention("DecidedAt", _YEARS_5),  # ridethrough.actuators.approvals_table: who allowed what
     "lab_truth": Retention("RunStartedAt", _YEARS_5),
     "audits": Retention("StartedAt", _YEARS_5),  # ridethrough.audit_store: fleet acceptance records
 })

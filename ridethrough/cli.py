@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ridethrough.actions_cli import actions_app
 from ridethrough.actuators.run_cli import register as register_job_commands
 from ridethrough.audit_cli import audit as audit_command
 from ridethrough.certs import certs_command
@@ -35,6 +36,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(config_app, name="config")
 app.add_typer(lab_app, name="lab")
 app.add_typer(goodput_app, name="goodput")
+app.add_typer(actions_app, name="actions")
 app.command("certs")(certs_command)
 app.command("audit")(audit_command)
 app.command("dashboard")(dashboard_command)
@@ -262,6 +264,7 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
     """Create every table and view, idempotently."""
     from ridethrough import wiring
     from ridethrough.actuators.actions import actions_ddl, ensure_actions_table
+    from ridethrough.actuators.approvals_table import approvals_ddl, ensure_approvals_table
     from ridethrough.detectors.incidents import ensure_incidents_table, incidents_ddl
     from ridethrough.exporters import schema, schema_cluster
     from ridethrough.exporters.store import StoreError, StoreUnavailable
@@ -271,7 +274,8 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
     if print_sql:
         rollups = schema_cluster.rollup_ddl(cluster=cfg.cluster) if cfg.cluster else ()
         statements = [*schema.ddl(cluster=cfg.cluster), *rollups, *truth_ddl(cluster=cfg.cluster),
-                      *incidents_ddl(cluster=cfg.cluster), *actions_ddl(cluster=cfg.cluster)]
+                      *incidents_ddl(cluster=cfg.cluster), *actions_ddl(cluster=cfg.cluster),
+                      *approvals_ddl(cluster=cfg.cluster)]
         typer.echo(";\n\n".join(statements) + ";")
         return
     try:
@@ -280,6 +284,7 @@ def store_init(store: StoreOpt = None, config: ConfigOpt = None,
         ensure_truth_table(target)  # domain tables sit beside the OTel ones
         ensure_incidents_table(target)
         ensure_actions_table(target)
+        ensure_approvals_table(target)
     except (StoreUnavailable, StoreError) as exc:
         typer.echo(f"ridethrough: {exc}", err=True)
         raise typer.Exit(1) from exc

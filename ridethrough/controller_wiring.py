@@ -5,6 +5,8 @@ spans in the store), the actuator runner (when enabled) and PagerDuty (when enab
 listener is isolated: one that raises is logged and counted, the others still hear it. With
 both the runner and PagerDuty, every action that touched the fleet becomes a PagerDuty change
 event when it ends (`ridethrough.exporters.pagerduty_actions`); the runner knows only a listener.
+With the runner, an approval poller passes operators' approve/deny decisions from the store to it
+(`ridethrough.actuators.approvals`).
 
     parts = build_controller(cfg, store=store, metrics=ControllerMetrics.create(), event_metrics=...,
                              actuators=ActuatorConfig(enabled=True), pager=pager_cfg)
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ridethrough.actuators.approvals import ApprovalPoller
+from ridethrough.actuators.approvals_table import ApprovalLog
 from ridethrough.actuators.contract import FleetState
 from ridethrough.actuators.plugins import load_plugins
 from ridethrough.actuators.policy import RunnerPolicy
@@ -85,6 +89,7 @@ class ControllerParts:
     tracker: IncidentTracker
     runner: Runner | None = None
     pager: PagerDutyExporter | None = None
+    approvals: ApprovalPoller | None = None
 
     def start(self) -> None:
         """Start paging (after making PagerDuty match the open incidents), finish the actions a previous
@@ -106,11 +111,15 @@ class ControllerParts:
                     log.warning("took over %d action(s) a previous controller left in flight", taken)
             except (StoreUnavailable, StoreError) as exc:  # the runner loads before it next acts
                 log.warning("store away at start; actions left in flight are taken over later: %s", exc)
+        if self.approvals is not None:
+            self.approvals.start()
         self.controller.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop detecting, then the runner (actions in flight finish or time out), then paging."""
         self.controller.stop(timeout_s)
+        if self.approvals is not None:
+            self.approvals.stop(timeout_s)
         if self.runner is not None:
             self.runner.shutdown(timeout_s)
         if self.pager is not None:
@@ -127,6 +136,10 @@ def build_controller(cfg: ControllerConfig, *, store: Store, metrics: Controller
     listeners: list[tuple[str, Listener]] = [("incident events", IncidentEmitter(store=store, metrics=event_metrics))]
     acting = actuators is not None and actuators.enabled
     plugins = load_plugins() if acting else []  # a bad plugin stops the start before the outbox is opened
+    for plugin in plugins:  # one that verifies from telemetry (reroute: the probes) reads the controller's store
+        use_store = getattr(plugin, "use_store", None)
+        if callable(use_store):
+            use_store(store)
     exporter = None
     if pager is not None and pager.enabled:
         exporter = PagerDutyExporter.from_config(pager, metrics=PagerDutyMetrics.create(metrics.registry))
@@ -144,4 +157,5 @@ def build_controller(cfg: ControllerConfig, *, store: Store, metrics: Controller
         listeners.append(("pagerduty", exporter.emit))
     controller = Controller(store=store, detectors=default_detectors(cfg), tracker=tracker, metrics=metrics,
                             emit=fan_out(listeners), cluster=cfg.cluster, interval_floor_s=cfg.interval_floor_s)
-    return ControllerParts(controller=controller, tracker=tracker, runner=runner, pager=exporter)
+    approvals = None if runner is None else ApprovalPoller(runner=runner, log=ApprovalLog(store))
+    return ControllerParts(controller=controller, tracker=tracker, runner=runner, pager=exporter, approvals=approvals)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from ridethrough.actuators.actions import actions_ddl
+from ridethrough.actuators.approvals_table import approvals_ddl
 from ridethrough.detectors.incidents import incidents_ddl
 from ridethrough.exporters import schema, schema_cluster
 from ridethrough.exporters.store import Store
@@ -28,7 +29,8 @@ _REPLICATED = re.compile(
 def all_ddl(cluster: str = "") -> list[str]:
     """What ``ridethrough store init`` runs, plus the rollups."""
     return [*schema.ddl(cluster=cluster), *schema_cluster.rollup_ddl(cluster=cluster), *truth_ddl(cluster=cluster),
-            *incidents_ddl(cluster=cluster), *actions_ddl(cluster=cluster)]
+            *incidents_ddl(cluster=cluster), *actions_ddl(cluster=cluster),
+            *approvals_ddl(cluster=cluster)]
 
 
 def on_one_node(statement: str) -> str:

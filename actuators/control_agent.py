@@ -33,7 +33,7 @@ from ridethrough.actuators.control_plane import (
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from ridethrough.collector.agent import AgentIdentity
+    from ridethrough.collector.identity import AgentIdentity
     from ridethrough.settings import AgentConfig
 
 

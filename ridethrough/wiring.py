@@ -23,8 +23,9 @@ import grpc
 from prometheus_client import start_http_server
 
 from ridethrough import catalogue
-from ridethrough.collector.agent import Agent, AgentIdentity
+from ridethrough.collector.agent import Agent
 from ridethrough.collector.clock import Clock, ScriptedClock
+from ridethrough.collector.identity import AgentIdentity
 from ridethrough.collector.registry import build_sources
 from ridethrough.collector.timestamps import HostTime
 from ridethrough.controller_wiring import ControllerParts, build_controller

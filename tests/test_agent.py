@@ -15,9 +15,11 @@ import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-from ridethrough.collector.agent import Agent, AgentIdentity, Snapshot
+from ridethrough.collector.agent import Agent
 from ridethrough.collector.export import BufferingMetricExporter
+from ridethrough.collector.identity import AgentIdentity
 from ridethrough.collector.sample import MetricKind, Sample
+from ridethrough.collector.snapshot import Snapshot
 from tests.conftest import FIXTURES, read_ready, wait_for
 
 

@@ -543,7 +543,8 @@ def test_through_the_agent_steps_reach_otlp_as_log_records_and_metrics(sock_dir:
     from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
-    from ridethrough.collector.agent import Agent, AgentIdentity
+    from ridethrough.collector.agent import Agent
+    from ridethrough.collector.identity import AgentIdentity
 
     records: list[dict[str, str]] = []
     metric_names: set[str] = set()

@@ -9,7 +9,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Sum
 from opentelemetry.sdk.resources import Resource
 
-from ridethrough.collector.agent import SCOPE, Agent, AgentIdentity
+from ridethrough.collector.agent import SCOPE, Agent
+from ridethrough.collector.identity import AgentIdentity
 from ridethrough.collector.otlp_encode import SampleEncoder
 from ridethrough.collector.sample import MetricKind, Sample
 

@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ridethrough.collector.agent import Agent, AgentIdentity
+from ridethrough.collector.agent import Agent
+from ridethrough.collector.identity import AgentIdentity
 from ridethrough.collector.prometheus import SnapshotCollector, label_name, labels_of, prometheus_name
 from ridethrough.collector.sample import MetricKind, Sample
 from tests.conftest import FIXTURES, read_ready, wait_for

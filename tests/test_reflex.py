@@ -241,7 +241,7 @@ def test_reflex_config_is_checked_and_reaches_the_reflex() -> None:
 
 
 def test_the_agent_gets_a_reflex_with_its_own_span_exporter() -> None:
-    from ridethrough.collector.agent import AgentIdentity
+    from ridethrough.collector.identity import AgentIdentity
     from ridethrough.wiring import build_reflex
 
     cfg = AgentConfig(reflex=True, node_id="h0", gateway="127.0.0.1:1", reflex_watch="all")

@@ -1,4 +1,4 @@
-"""Which hosts must stop sending which traffic out of which NIC, so that no path crosses a bad link (pure).
+"""Which hosts must stop sending which traffic out of which NIC, so that no path crosses a bad link.
 
 A host cannot pick the spine (the leaf hashes) but it picks the NIC for every destination. So
 for a bad link ``L`` the fabric map (`ridethrough.detectors.fabric_map.RouteMap`) says, for
@@ -10,17 +10,21 @@ towards it. Same-rack traffic on a spine link's rail is untouched.
 
 The last-path rule: when some pair would be left without a NIC, nothing is planned at all, and
 `plan_avoid` says which pair and why (a partial reroute would hide the problem it cannot fix).
+`AddressFile` (the one part that reads a file) gives the hosts' stable addresses.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ridethrough.detectors.fabric_map import RouteMap, path_id
 
+log = logging.getLogger(__name__)
 _FORWARD = re.compile(r"(?P<src>[^/\s>]+)/(?P<nic>[^/\s>]+)->(?P<dst>[^/\s>]+)/(?P<dnic>[^/\s:]+):forward")
 
 
@@ -59,6 +63,27 @@ class AvoidPlan:
     """Non-empty: no plan (the last-path rule, or nothing known about the link)."""
 
 
+class AddressFile:
+    """Each host's stable address, ``{node: "ip"}`` from a JSON file, re-read when it changes (the last good one
+    kept)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: tuple[int, dict[str, str]] = (-1, {})
+
+    def __call__(self) -> dict[str, str]:
+        try:
+            mtime = Path(self.path).stat().st_mtime_ns
+            if mtime != self._seen[0]:
+                doc = json.loads(Path(self.path).read_text())
+                if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
+                    raise ValueError('expected JSON {"node": "ip"}')
+                self._seen = (mtime, dict(doc))
+        except (OSError, ValueError) as exc:
+            log.warning("reroute: stable addresses %s: %s", self.path, exc)
+        return self._seen[1]
+
+
 def encode_changes(changes: Sequence[HostChange]) -> str:
     """Changes as one JSON string, for `Plan.params`."""
     return json.dumps([c.to_json() for c in changes], separators=(",", ":"))
@@ -70,6 +95,21 @@ def decode_changes(text: str) -> tuple[HostChange, ...]:
     if not isinstance(doc, list):
         raise ValueError("changes: expected a JSON list")
     return tuple(HostChange.from_json(c) for c in doc)
+
+
+def by_host(changes: Sequence[HostChange]) -> dict[str, list[HostChange]]:
+    """The changes grouped by the host that makes them, in their order."""
+    out: dict[str, list[HostChange]] = {}
+    for c in changes:
+        out.setdefault(c.host, []).append(c)
+    return out
+
+
+def describe(changes: Sequence[HostChange]) -> tuple[str, ...]:
+    """One plan step per host, sorted: ``on h0: route h2, h3 off nic1``."""
+    return tuple(f"on {host}: route {', '.join(c.peer for c in group)} off "
+                 f"{', '.join(sorted({n for c in group for n in c.avoid}))}"
+                 for host, group in sorted(by_host(changes).items()))
 
 
 def plan_avoid(fmap: RouteMap, link: str, addresses: Mapping[str, str]) -> AvoidPlan:

@@ -7,7 +7,10 @@
                  own route beneath, with its gateways) then ``route.set`` of that route less the NICs
                  to avoid, at metric `CENTRAL_METRIC`; each call is a child step carrying ``traceparent``
     verify   ->  ``route.get`` again: our route is there, the kernel sends the peer's traffic out of
-                 at least one NIC and out of none that reaches the link
+                 at least one NIC and out of none that reaches the link; then, with the controller's
+                 store (`use_store`), the agents' probes since the apply: every pair gets through on
+                 each rail it now uses, and none of those rails crosses the link
+                 (`ridethrough.actuators.reroute_verify`)
     rollback ->  ``route.restore`` with the route ``route.set`` replaced, passed back explicitly (so an
                  agent restarted meanwhile still restores it; after a controller restart, the agent's
                  own record of it)
@@ -18,28 +21,40 @@ reflex keeps working on top: the controller's /32 is the base its overrides copy
 Registered under the entry-point group ``ridethrough.actuators`` as ``reroute``; `build` reads its
 settings from the environment (`RerouteConfig.from_environ`), the control client (keys, TLS:
 `ControlClientConfig.from_environ`) is built at first use, so a controller without keys still starts.
+The controller hands it its store (`use_store`); without one the route readback alone verifies.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ridethrough.actuators.commands import format_hops, parse_hops
 from ridethrough.actuators.contract import Deadline, FleetState, Plan, Result
 from ridethrough.actuators.control_client import ControlCallError, Reply
-from ridethrough.actuators.reroute_plan import HostChange, decode_changes, encode_changes, plan_avoid
+from ridethrough.actuators.reroute_plan import (
+    AddressFile,
+    HostChange,
+    by_host,
+    decode_changes,
+    describe,
+    encode_changes,
+    plan_avoid,
+)
+from ridethrough.actuators.reroute_verify import PairRails, ProbeVerifier, ProbeVerifyConfig, route_problems, used_nics
 from ridethrough.actuators.tracing import step
+from ridethrough.detectors.controller import read_only_query
 from ridethrough.detectors.fabric_map import RouteFile, RouteMap
 from ridethrough.detectors.incidents import Incident
+
+if TYPE_CHECKING:
+    from ridethrough.exporters.store import Store
 
 log = logging.getLogger(__name__)
 NAME = "reroute"
@@ -71,37 +86,20 @@ class RerouteConfig:
     targets_file: str = ""
     """JSON ``{node: "HOST:PORT"}`` of the agents (`control_client.AgentTargets`); else ``agent_target``."""
     call_timeout_s: float = 10.0
+    probes: ProbeVerifyConfig = field(default_factory=ProbeVerifyConfig)
+    """How verify reads the probes (when the plugin has a store)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> RerouteConfig:
         """``RIDETHROUGH_REROUTE_FABRIC_MAP_FILE`` (else the controller's ``..._CONTROLLER_FABRIC_MAP_FILE``),
-        ``RIDETHROUGH_REROUTE_ADDRESSES_FILE``, ``RIDETHROUGH_REROUTE_AGENT_TARGET`` and
-        ``RIDETHROUGH_CONTROL_TARGETS_FILE``."""
+        ``RIDETHROUGH_REROUTE_ADDRESSES_FILE``, ``RIDETHROUGH_REROUTE_AGENT_TARGET``,
+        ``RIDETHROUGH_CONTROL_TARGETS_FILE`` and the ``RIDETHROUGH_REROUTE_PROBE_*`` of `ProbeVerifyConfig`."""
         return cls(fabric_map_file=environ.get("RIDETHROUGH_REROUTE_FABRIC_MAP_FILE")
                    or environ.get("RIDETHROUGH_CONTROLLER_FABRIC_MAP_FILE", ""),
                    addresses_file=environ.get("RIDETHROUGH_REROUTE_ADDRESSES_FILE", ""),
                    agent_target=environ.get("RIDETHROUGH_REROUTE_AGENT_TARGET") or "{node}:7450",
-                   targets_file=environ.get("RIDETHROUGH_CONTROL_TARGETS_FILE", ""))
-
-
-class _Addresses:
-    """``{node: "ip"}`` from a JSON file, re-read when it changes (the last good one kept)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._seen: tuple[int, dict[str, str]] = (-1, {})
-
-    def __call__(self) -> dict[str, str]:
-        try:
-            mtime = Path(self.path).stat().st_mtime_ns
-            if mtime != self._seen[0]:
-                doc = json.loads(Path(self.path).read_text())
-                if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
-                    raise ValueError('expected JSON {"node": "ip"}')
-                self._seen = (mtime, dict(doc))
-        except (OSError, ValueError) as exc:
-            log.warning("reroute: stable addresses %s: %s", self.path, exc)
-        return self._seen[1]
+                   targets_file=environ.get("RIDETHROUGH_CONTROL_TARGETS_FILE", ""),
+                   probes=ProbeVerifyConfig.from_environ(environ))
 
 
 class ReroutePlugin:
@@ -113,18 +111,25 @@ class ReroutePlugin:
                  target: Callable[[str], str] | None = None,
                  build_client: Callable[[RerouteConfig], tuple[Client, Callable[[str], str]]] | None = None,
                  fabric: Callable[[], RouteMap] | None = None,
-                 addresses: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 addresses: Callable[[], Mapping[str, str]] | None = None, probes: ProbeVerifier | None = None) -> None:
         self._config = config or RerouteConfig()
         self._client = client
         self._target = target or (lambda node: self._config.agent_target.format(node=node))
         self._build = build_client or _agent_client
         self._fabric = fabric
-        self._addresses = addresses or (_Addresses(self._config.addresses_file) if self._config.addresses_file
+        self._addresses = addresses or (AddressFile(self._config.addresses_file) if self._config.addresses_file
                                         else dict)
         self._set: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plan, host, destination) -> route.set data
+        self._applied_ns: dict[str, int] = {}  # plan -> wall clock when its routes were all set
+        self._probes = probes
         self._explained: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._reads = itertools.count()
+
+    def use_store(self, store: Store) -> None:
+        """Verify with the probes in ``store`` too (the controller's; unless the config turns probe checks off)."""
+        if self._config.probes.enabled and self._probes is None:
+            self._probes = ProbeVerifier(read_only_query(store), config=self._config.probes)
 
     # -- planning --------------------------------------------------------------------------
 
@@ -140,14 +145,10 @@ class ReroutePlugin:
         if avoid.refusal:
             self._explain(incident, avoid.refusal)
             return None
-        hosts = sorted({c.host for c in avoid.changes})
-        steps = tuple(f"on {h}: route {', '.join(c.peer for c in avoid.changes if c.host == h)} off "
-                      f"{', '.join(sorted({n for c in avoid.changes if c.host == h for n in c.avoid}))}"
-                      for h in hosts)
         return Plan.for_incident(
-            NAME, incident, steps=(*steps, "read every route back; check every pair keeps a path"),
+            NAME, incident, steps=(*describe(avoid.changes), "read every route back; check every pair keeps a path"),
             summary=f"route traffic off {incident.entity} ({incident.kind}): {len(avoid.changes)} destinations "
-                    f"on {len(hosts)} hosts",
+                    f"on {len(by_host(avoid.changes))} hosts",
             params={"link": incident.entity, "changes": encode_changes(avoid.changes)},
             removes_paths=avoid.removed_paths)
 
@@ -172,14 +173,16 @@ class ReroutePlugin:
         if isinstance(client, Result):
             return client
         link, changes, t0 = plan.params["link"], decode_changes(plan.params["changes"]), time.monotonic()
-        for host, group in _by_host(changes).items():
+        for host, group in by_host(changes).items():
             with step(f"reroute {host}", {"reroute.host": host, "reroute.link": link,
                                           "reroute.destinations": len(group)}):
                 for c in group:
                     done = self._set_one(client, plan, c, deadline)
                     if not done.ok:
                         return done
-        return Result.success(f"{len(changes)} routes on {len(_by_host(changes))} hosts now avoid {link}",
+        with self._lock:
+            self._applied_ns[plan.idempotency_key] = time.time_ns()  # probes older than this say nothing of it
+        return Result.success(f"{len(changes)} routes on {len(by_host(changes))} hosts now avoid {link}",
                               routes_s=time.monotonic() - t0)
 
     def _set_one(self, client: Client, plan: Plan, c: HostChange, deadline: Deadline) -> Result:
@@ -208,24 +211,35 @@ class ReroutePlugin:
         client = self._client_or_failure()
         if isinstance(client, Result):
             return client
-        changes, problems = decode_changes(plan.params["changes"]), []
+        with self._lock:  # after a runner restart (no apply here): only probes from now on count
+            since_ns = self._applied_ns.get(plan.idempotency_key) or time.time_ns()
+        changes, problems, rails = decode_changes(plan.params["changes"]), [], []
         for c in changes:
             got = self._call(client, c.host, "route.get", {"destination": c.destination},
                              f"{plan.idempotency_key}:read{next(self._reads)}:{c.destination}", deadline)
             if isinstance(got, Result):
                 return got
-            problems += _check(c, got)
+            problems += route_problems(c, got.data)
+            rails.append(PairRails(c.host, c.peer, used_nics(got.data)))
+        link = plan.params["link"]
         if problems:
             return Result.failure(f"{len(problems)} of {len(changes)} routes wrong: {'; '.join(problems[:5])}")
-        return Result.success(f"{len(changes)} routes read back: none leaves through "
-                              f"{plan.params['link']}'s NICs, every pair keeps a path")
+        routes = f"{len(changes)} routes read back: none leaves through {link}'s NICs"
+        if self._probes is None:
+            return Result.success(f"{routes}, every pair keeps a path")
+        fmap = self._route_map()
+        if fmap is None:  # a plan taken over after a restart whose map is gone: the probes' paths are unknown
+            return Result.failure(f"{routes}; probes: no fabric map to tell which rails cross {link}")
+        probed = self._probes.verify(link=link, pairs=rails, routes=fmap, since_ns=since_ns, cluster=plan.cluster,
+                                     deadline=deadline)
+        return Result(probed.ok, f"{routes}; {probed.detail}", probed.timings_s)
 
     def rollback(self, plan: Plan, deadline: Deadline) -> Result:
         client = self._client_or_failure()
         if isinstance(client, Result):
             return client
         key, failed, undone = plan.idempotency_key, [], 0
-        for host, group in _by_host(decode_changes(plan.params["changes"])).items():
+        for host, group in by_host(decode_changes(plan.params["changes"])).items():
             with step(f"restore {host}", {"reroute.host": host, "reroute.destinations": len(group)}):
                 for c in group:
                     with self._lock:
@@ -267,29 +281,6 @@ class ReroutePlugin:
             except (ValueError, OSError) as exc:  # no control keys, unreadable certificates
                 return Result.failure(f"cannot reach agents: {exc}")
         return self._client
-
-
-def _by_host(changes: tuple[HostChange, ...]) -> dict[str, list[HostChange]]:
-    out: dict[str, list[HostChange]] = {}
-    for c in changes:
-        out.setdefault(c.host, []).append(c)
-    return out
-
-
-def _check(c: HostChange, got: Reply) -> list[str]:
-    """What is wrong with one route as read back (empty: right)."""
-    used = [d for d in str(got.data.get("lookup", "")).split(",") if d]
-    ours = [str(got.data.get("dev", "")), *(d for d, _ in parse_hops(str(got.data.get("more", ""))))]
-    where = f"{c.host} -> {c.peer}"
-    if not got.data.get("present"):
-        return [f"{where}: the route is gone"]
-    if set(ours) & set(c.avoid):
-        return [f"{where}: the route leaves through {', '.join(sorted(set(ours) & set(c.avoid)))}"]
-    if not used:
-        return [f"{where}: no path left"]
-    if set(used) & set(c.avoid):
-        return [f"{where}: traffic still leaves through {', '.join(sorted(set(used) & set(c.avoid)))}"]
-    return []
 
 
 def _agent_client(cfg: RerouteConfig) -> tuple[Client, Callable[[str], str]]:

@@ -1,11 +1,13 @@
 """The controller's side of human approval: answer the runner's waiting actions from the store.
 
 An operator's ``ridethrough actions approve|deny`` appends a decision to ``approvals``
-(`ridethrough.actuators.approvals_table`); the operator and the controller share only the store.
-While the runner holds actions awaiting approval, `ApprovalPoller` reads the earliest decision on
-each of them every ``interval_s`` and passes it on (`Runner.approve` / `Runner.deny`, with who
-decided and why, which the runner writes into the action's reason). With nothing waiting it
-reads nothing.
+(`ridethrough.actuators.approvals_table`), or sends it through the gateway into ``otel_logs`` where
+the store has one writer (`ridethrough.actuators.approvals_events`); the operator and the controller
+share only the store. While the runner holds actions awaiting approval, `ApprovalPoller` reads the
+earliest decision on each of them, from both places in one query, every ``interval_s`` and passes it
+on (`Runner.approve` / `Runner.deny`, with who decided and why, which the runner writes into the
+action's reason). With nothing waiting it reads nothing; the query names only the actions waiting
+here, as bound parameters.
 
 A decision on an action this runner does not hold (another controller's, or one whose wait
 already timed out) is not this poller's business and is skipped; a store that is away is logged
@@ -49,7 +51,7 @@ class Approvable(Protocol):
 
 
 class ApprovalPoller:
-    """Passes operators' decisions from ``approvals`` to the runner (see the module docstring)."""
+    """Passes operators' decisions from ``approvals`` and ``otel_logs`` to the runner (see the module docstring)."""
 
     def __init__(self, *, runner: Approvable, log: ApprovalLog, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         if not interval_s > 0:

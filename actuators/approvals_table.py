@@ -1,10 +1,13 @@
 """The ``approvals`` table: operators' approve/deny decisions on actions awaiting approval.
 
 The runner runs inside the controller, and operators reach the controller only through the store:
-``ridethrough actions approve|deny`` appends a decision here, and the controller's
+``ridethrough actions approve|deny`` appends a decision here, or, where the store has one writer,
+sends it to the gateway as an ``action.decision`` log record that lands in ``otel_logs``
+(`ridethrough.actuators.approvals_events`). The controller's
 `ridethrough.actuators.approvals.ApprovalPoller` reads the decisions on the actions its runner holds
-and answers them. Append-only (``MergeTree``): a decision is never changed; when two operators answer
-the same action, the earliest decision wins (`ApprovalLog.first_decisions`).
+from both places and answers them. Append-only (``MergeTree``): a decision is never changed; when two
+operators answer the same action, the earliest decision wins, whichever way it came
+(`ApprovalLog.first_decisions`).
 
 Every value goes in through parameters or column inserts, never into SQL text: a reason may be any
 string an operator typed.
@@ -22,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ridethrough.actuators.approvals_events import EVENTS_PARAMETERS, EVENTS_SELECT
 from ridethrough.exporters import schema
 from ridethrough.exporters.schema import Column, Table
 from ridethrough.exporters.store import Store
@@ -92,20 +96,28 @@ def ensure_approvals_table(store: Store) -> None:
     store.ensure_table(APPROVALS)
 
 
-_SELECT = ", ".join("toUnixTimestamp64Nano(DecidedAt)" if c == "DecidedAt" else c for c in APPROVALS.insert_columns)
-# The earliest decision on each of the actions (ties broken by decision id, so every reader agrees).
-_FIRST = f"""
-SELECT argMin(tuple({_SELECT}), (DecidedAt, DecisionId)) FROM approvals
-WHERE ActionId IN {{action_ids:Array(String)}}
-GROUP BY ActionId
+# Both places a decision is recorded, in `Decision` row order: this table, and the gateway's log records.
+_FROM_TABLE = """
+SELECT DecisionId AS id, ActionId AS action, PlanId AS plan, toString(Cluster) AS cluster,
+       toString(Verdict) AS verdict, Operator AS operator, Reason AS reason, toUnixTimestamp64Nano(DecidedAt) AS at
+FROM approvals
+WHERE ActionId IN {action_ids:Array(String)}
 """
+_SOURCES = {APPROVALS.name: _FROM_TABLE, "otel_logs": EVENTS_SELECT}
+# The earliest decision on each of the actions (ties broken by decision id, so every reader agrees).
+_FIRST = """
+SELECT argMin(tuple(id, action, plan, cluster, verdict, operator, reason, at), (at, id)) FROM ({union})
+GROUP BY action
+"""
+_EXISTING = "SELECT name FROM system.tables WHERE database = currentDatabase() AND name IN {names:Array(String)}"
 
 
 class ApprovalLog:
-    """Reads and writes ``approvals`` through a `Store`."""
+    """Writes ``approvals`` through a `Store`, and reads decisions from it and from the gateway's log records."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self._sources: tuple[str, ...] = ()  # the tables that hold decisions, once both exist
 
     def ensure_table(self) -> None:
         """Create the table if it is missing."""
@@ -118,9 +130,23 @@ class ApprovalLog:
 
     def first_decisions(self, action_ids: Sequence[str], *,
                         settings: dict[str, Any] | None = None) -> dict[str, Decision]:
-        """Action id → the earliest decision on it, for those of ``action_ids`` that have one."""
+        """Action id → the earliest decision on it, for those of ``action_ids`` that have one, from ``approvals``
+        and from ``action.decision`` records in ``otel_logs`` (either table may be missing)."""
         if not action_ids:
             return {}
-        _, rows = self._store.query(_FIRST, parameters={"action_ids": list(action_ids)}, settings=settings)
+        sources = self._existing(settings)
+        if not sources:
+            return {}
+        union = " UNION ALL ".join(_SOURCES[name] for name in sources)
+        params: dict[str, Any] = {"action_ids": list(action_ids), **EVENTS_PARAMETERS}
+        _, rows = self._store.query(_FIRST.format(union=union), parameters=params, settings=settings)
         decisions = (Decision.from_row(r[0]) for r in rows)
         return {d.action_id: d for d in decisions}
+
+    def _existing(self, settings: dict[str, Any] | None) -> tuple[str, ...]:
+        # Asked until both exist (then they stay): a store the gateway never wrote has no otel_logs, and
+        # no operator may have decided anything through the table yet.
+        if len(self._sources) < len(_SOURCES):
+            _, rows = self._store.query(_EXISTING, parameters={"names": list(_SOURCES)}, settings=settings)
+            self._sources = tuple(sorted(r[0] for r in rows))
+        return self._sources

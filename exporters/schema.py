@@ -318,7 +318,7 @@ RETENTION: Mapping[str, Retention] = MappingProxyType({
     "otel_traces_trace_id_ts": Retention("Start", 90),
     # Job lifecycle events are goodput's input (ridethrough.dashboards.goodput_sql): years, like the books.
     "otel_logs": Retention("TimestampTime", 90, "startsWith(LogAttributes['event.name'], 'job.') "
-                           "OR LogAttributes['event.name'] = 'audit.completed'", 2 * 365),
+                           "OR LogAttributes['event.name'] IN ('audit.completed', 'action.decision')", 2 * 365),
     # The domain tables beside the OTel ones (detectors.incidents, actuators.actions, lab.truth): years.
     "incidents": Retention("OpenedAt", _YEARS_5),
     "actions": Retention("DecidedAt", _YEARS_5),

@@ -35,7 +35,7 @@ _SEVERITY = {Status.PASS: SeverityNumber.SEVERITY_NUMBER_INFO, Status.PARTIAL: S
 
 
 class RecordError(Exception):
-    """The gateway did not take the audit record (the message says why)."""
+    """The gateway did not take a record (the message says why)."""
 
 
 def logs_request(result: AuditResult) -> ExportLogsServiceRequest:
@@ -67,27 +67,38 @@ def send_audit(endpoint: str, result: AuditResult, *, timeout_s: float = 30.0,
                headers: Sequence[tuple[str, str]] = (), attempts: int = 4) -> None:
     """Send the audit's record to the OTLP/gRPC gateway at ``endpoint`` (``HOST:PORT``, plaintext) and wait
     for it to be stored; retries what OTLP says is worth retrying. `RecordError` when it is not stored."""
-    import grpc
+    rejected, message = export_logs(endpoint, logs_request(result).SerializeToString(), what="the audit",
+                                    timeout_s=timeout_s, headers=headers, attempts=attempts)
+    if rejected:
+        raise RecordError(f"the gateway at {endpoint} rejected the audit record ({message or 'no reason'})")
 
-    payload = logs_request(result).SerializeToString()
+
+def export_logs(endpoint: str, payload: bytes, *, what: str, timeout_s: float = 30.0,
+                headers: Sequence[tuple[str, str]] = (), attempts: int = 4) -> tuple[int, str]:
+    """One serialised OTLP logs Export to the gateway at ``endpoint``, retried as OTLP says: (records the
+    gateway rejected, its message). `RecordError` naming ``what`` when the call never succeeds."""
+    import grpc
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+
     deadline = time.monotonic() + timeout_s
     last = ""
     with grpc.insecure_channel(endpoint) as channel:
-        call = channel.unary_unary(EXPORT, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        call = channel.unary_unary(EXPORT, request_serializer=lambda b: b,
+                                   response_deserializer=ExportLogsServiceResponse.FromString)
         for attempt in range(max(1, attempts)):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             try:
-                call(payload, timeout=left, metadata=tuple(headers))
-                return
+                answer = call(payload, timeout=left, metadata=tuple(headers))
+                return answer.partial_success.rejected_log_records, answer.partial_success.error_message
             except grpc.RpcError as err:
                 code = err.code() if isinstance(err, grpc.Call) else None
                 last = f"{getattr(code, 'name', 'error')}: {err.details() if isinstance(err, grpc.Call) else err}"
                 if code is None or code.name not in _RETRYABLE:
                     break
                 time.sleep(min(0.5 * 2 ** attempt, max(0.0, deadline - time.monotonic())))
-    raise RecordError(f"the gateway at {endpoint} did not store the audit ({last or 'timed out'})")
+    raise RecordError(f"the gateway at {endpoint} did not store {what} ({last or 'timed out'})")
 
 
 def result_from_json(doc: Mapping[str, Any]) -> AuditResult:

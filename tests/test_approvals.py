@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from ridethrough.actions_cli import printable
 from ridethrough.actuators.actions import ActionLog, ActionRecord, Status
 from ridethrough.actuators.approvals import ApprovalPoller
+from ridethrough.actuators.approvals_events import printable
 from ridethrough.actuators.approvals_table import ApprovalLog, Decision, Verdict, approvals_ddl
 from ridethrough.actuators.contract import Deadline, FleetState, Plan
 from ridethrough.actuators.contract import Result as ActResult

@@ -116,7 +116,7 @@ def test_retention_is_days_for_raw_months_for_rollups_years_for_the_books(store:
         assert _ttl(store, table) == f"toDateTime({column}) + toIntervalDay(1826)"
     assert _ttl(store, "otel_logs_local") == (
         "toDateTime(TimestampTime) + toIntervalDay(90) WHERE NOT (startsWith(LogAttributes['event.name'], 'job.') "
-        "OR ((LogAttributes['event.name']) = 'audit.completed')), "
+        "OR ((LogAttributes['event.name']) IN ('audit.completed', 'action.decision'))), "
         "toDateTime(TimestampTime) + toIntervalDay(730)")
     assert _ttl(store, "otel_metrics_gauge") == "" and _ttl(store, "incidents") == ""  # single node: unchanged
 

@@ -325,6 +325,8 @@ def demo(
     name: Annotated[str, typer.Option("--name", help="The demo lab's name (prefix of its namespaces).")] = "demo",
     data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its labs, store and run record.")] = Path(
         ".ridethrough"),
+    loopback: Annotated[bool, typer.Option("--loopback", help="The short story without namespaces (GPU and "
+                                                              "clock acts), as a user without root gets.")] = False,
     verbose: Verbose = False,
 ) -> None:
     """The whole loop in five acts on an emulated cluster: faults, detection, actions, pages, goodput."""
@@ -333,7 +335,8 @@ def demo(
     _logging(verbose)
     if down:
         raise typer.Exit(demo_mod.down(name=name, data_dir=data_dir))
-    raise typer.Exit(demo_mod.run(name=name, data_dir=data_dir, duration_s=duration, dashboard=not no_dashboard))
+    raise typer.Exit(demo_mod.run(name=name, data_dir=data_dir, duration_s=duration, dashboard=not no_dashboard,
+                                  loopback=loopback))
 
 
 def main() -> None:

@@ -44,9 +44,12 @@ def down(*, name: str, data_dir: Path) -> int:
     return 0
 
 
-def run(*, name: str, data_dir: Path, duration_s: float | None, dashboard: bool,
+def run(*, name: str, data_dir: Path, duration_s: float | None, dashboard: bool, loopback: bool = False,
         console: Console | None = None) -> int:
-    """Run the demo until its story ends and then Ctrl-C (or ``duration_s``); returns the exit status."""
+    """Run the demo until its story ends and then Ctrl-C (or ``duration_s``); returns the exit status.
+
+    ``loopback`` asks for the degraded mode even where namespaces are available.
+    """
     view = View(console or Console())
     data_dir = data_dir.resolve()
     started = time.monotonic()
@@ -54,7 +57,7 @@ def run(*, name: str, data_dir: Path, duration_s: float | None, dashboard: bool,
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    mode = detect_mode()
+    mode = Mode("loopback", "asked for with --loopback") if loopback else detect_mode()
     view.say(("[bold]mode[/]: " if mode.name == "netns" else "[bold yellow]mode[/]: ") + mode.message)
     if problem := _clear_previous(name, data_dir):
         view.say(f"[red]{problem}[/]")

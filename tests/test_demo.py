@@ -17,6 +17,7 @@ from ridethrough.demo_sink import ALERT_PATH, CHANGE_PATH, PagerDutySink
 from ridethrough.demo_stack import detect_mode
 from ridethrough.lab import netns
 from tests.conftest import ROOT
+from tests.demo_run import act, query, run_demo, steps_reported, tail
 
 KEY = "a" * 32
 
@@ -130,36 +131,12 @@ DEMO_DURATION_S = 420
 
 @pytest.fixture(scope="module")
 def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One ``ridethrough demo --duration 240 --no-dashboard`` run: its output, run record and store."""
+    """One ``ridethrough demo --duration 420 --no-dashboard`` run: its output, run record and store."""
     reason = netns.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
     pytest.importorskip("torch", reason="the torch extra is not installed")
-    data = tmp_path_factory.mktemp("demo")
-    name = f"dm{os.getpid() % 100000}"
-    out = subprocess.run([sys.executable, "-m", "ridethrough", "demo", "--duration", str(DEMO_DURATION_S),
-                          "--no-dashboard", "--name", name, "--data-dir", str(data)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=DEMO_DURATION_S + 360, env={**os.environ, "COLUMNS": "160"})
-    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    record = json.loads((data / "demo-run.json").read_text()) if (data / "demo-run.json").exists() else {}
-    return {"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr, "record": record, "data": data,
-            "name": name, "leftover": leftover}
-
-
-def _query(story: dict[str, Any], sql: str) -> list[dict[str, Any]]:
-    """Rows of a query on the demo's kept store (through the CLI: an embedded store opens in one process)."""
-    out = subprocess.run([sys.executable, "-m", "ridethrough", "query", "--store", story["record"]["store"],
-                          "--format", "json", sql], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return list(json.loads(out.stdout))
-
-
-def _act(story: dict[str, Any], key: str) -> dict[str, Any]:
-    return next(a for a in story["record"]["acts"] if a["key"] == key)
-
-
-def _tail(story: dict[str, Any]) -> str:
-    return (story["stdout"][-4000:] + "\n--- stderr ---\n" + story["stderr"][-3000:])
+    return run_demo(tmp_path_factory.mktemp("demo"), f"dm{os.getpid() % 100000}", duration_s=DEMO_DURATION_S)
 
 
 def _honest(act: dict[str, Any]) -> None:
@@ -179,13 +156,13 @@ def _honest(act: dict[str, Any]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
 def test_demo_runs_every_act_and_cleans_up(story: dict[str, Any]) -> None:
-    assert story["rc"] == 0, _tail(story)
+    assert story["rc"] == 0, tail(story)
     rec = story["record"]
-    assert rec["mode"] == "netns" and rec["job_ready"] is True, _tail(story)
+    assert rec["mode"] == "netns" and rec["job_ready"] is True, tail(story)
     assert [a["key"] for a in rec["acts"]] == ["spine", "cut", "gpu", "freeze", "page"]
-    for act in rec["acts"]:
-        assert act["lines"] and not any(t.startswith("skipped") for _, t in act["lines"]), act
-        _honest(act)
+    for record in rec["acts"]:
+        assert record["lines"] and not any(t.startswith("skipped") for _, t in record["lines"]), record
+        _honest(record)
     assert f"rt-{story['name']}-" not in story["leftover"], "the demo left namespaces behind"
     assert "goodput" in story["stdout"] and "checkpoint_restart" in story["stdout"]
 
@@ -195,11 +172,11 @@ def test_demo_runs_every_act_and_cleans_up(story: dict[str, Any]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
 def test_gpu_act_opens_the_right_incident_and_decides_a_migration(story: dict[str, Any]) -> None:
-    rows = _query(story, "SELECT IncidentId, Kind FROM incidents FINAL WHERE Entity = 'h4/gpu0' "
+    rows = query(story, "SELECT IncidentId, Kind FROM incidents FINAL WHERE Entity = 'h4/gpu0' "
                          "AND Kind IN ('gpu_failing', 'gpu_failed')")
-    assert rows, _tail(story)
+    assert rows, tail(story)
     ids = "', '".join(r["IncidentId"] for r in rows)
-    actions = _query(story, f"SELECT Plugin, Status, DryRun FROM actions FINAL WHERE IncidentId IN ('{ids}')")
+    actions = query(story, f"SELECT Plugin, Status, DryRun FROM actions FINAL WHERE IncidentId IN ('{ids}')")
     # Applied through h4's agent (signed job.migrate to the launchers) and verified with job.status.
     assert any(a["Plugin"] == "migrate" and not a["DryRun"] and a["Status"] == "succeeded" for a in actions), actions
 
@@ -209,14 +186,14 @@ def test_gpu_act_opens_the_right_incident_and_decides_a_migration(story: dict[st
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
 def test_cut_and_freeze_acts_open_incidents_on_their_entities(story: dict[str, Any]) -> None:
-    cut = _query(story, "SELECT Entity FROM incidents FINAL WHERE Kind IN ('link_down', 'link_flap') "
+    cut = query(story, "SELECT Entity FROM incidents FINAL WHERE Kind IN ('link_down', 'link_flap') "
                         "AND Entity IN ('h4-leaf1r0', 'h4/mlx5_0', 'h4/nic0')")
-    assert cut, _tail(story)
-    routed = _query(story, "SELECT Status FROM actions FINAL WHERE Plugin = 'reroute' AND NOT DryRun "
+    assert cut, tail(story)
+    routed = query(story, "SELECT Status FROM actions FINAL WHERE Plugin = 'reroute' AND NOT DryRun "
                            "AND IncidentId IN (SELECT IncidentId FROM incidents FINAL WHERE Entity = 'h4-leaf1r0')")
-    assert routed, _tail(story)  # the controller planned routes around the cut link on the affected hosts
-    frozen = _query(story, "SELECT Entity FROM incidents FINAL WHERE Kind = 'agent_silent' AND Entity = 'h5'")
-    assert frozen, _tail(story)
+    assert routed, tail(story)  # the controller planned routes around the cut link on the affected hosts
+    frozen = query(story, "SELECT Entity FROM incidents FINAL WHERE Kind = 'agent_silent' AND Entity = 'h5'")
+    assert frozen, tail(story)
 
 
 @pytest.mark.integration
@@ -225,7 +202,7 @@ def test_cut_and_freeze_acts_open_incidents_on_their_entities(story: dict[str, A
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
 def test_pages_reach_the_sink_within_the_contract(story: dict[str, Any]) -> None:
     lines = [json.loads(x) for x in (story["data"] / "pagerduty-sink.jsonl").read_text().splitlines()]
-    assert lines, _tail(story)
+    assert lines, tail(story)
     assert all(not x["errors"] for x in lines), [x["errors"] for x in lines if x["errors"]]
     triggers = {x["event"]["dedup_key"] for x in lines if x["event"].get("event_action") == "trigger"}
     resolves = {x["event"]["dedup_key"] for x in lines if x["event"].get("event_action") == "resolve"}
@@ -237,15 +214,11 @@ def test_pages_reach_the_sink_within_the_contract(story: dict[str, Any]) -> None
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
 def test_the_job_trained_through_the_fabric_faults(story: dict[str, Any]) -> None:
-    steps = _query(story, "SELECT toUInt32(LogAttributes['job.rank']) AS rank, "
-                          "toInt64(LogAttributes['job.step']) AS step FROM otel_logs "
-                          "WHERE LogAttributes['event.name'] = 'job.step' "
-                          "AND LogAttributes['job.id'] = 'demo-train'")
-    done = {r["step"] for r in steps}
-    assert len(done) > 20, _tail(story)
+    done = steps_reported(story)
+    assert len(done) > 20, tail(story)
     assert sorted(done) == list(range(min(done), max(done) + 1)), "a step no rank reported"
     for key in ("spine", "cut"):  # the fabric acts: the job must not notice
-        job = _act(story, key)["facts"]["job"]
+        job = act(story, key)["facts"]["job"]
         assert job["steps_after"] > job["steps_before"], (key, job)
     # TIGHTEN when the launcher fences a node it declared lost (a thawed host's rank must not rejoin
     # as a second copy of the rank its spare took): then no (rank, step) may be reported twice over the

@@ -95,9 +95,13 @@ def opened_incidents(store_http: str, since_ns: int) -> list[Opened]:
 
 
 def _evidence_candidates(evidence: str) -> tuple[str, ...]:
-    """The entities a finding could not tell apart from its own (tomography's ``candidates``)."""
+    """The entities a finding could not tell apart from its own (tomography's ``candidates``).
+
+    The incidents table keeps the finding's own evidence under ``evidence`` (`detectors.incidents._evidence`).
+    """
     try:
-        found = json.loads(evidence).get("candidates", [])
+        data = json.loads(evidence)
+        found = data.get("evidence", {}).get("candidates", data.get("candidates", []))
     except (ValueError, AttributeError):
         return ()
     return tuple(sorted(c for c in found if isinstance(c, str))) if isinstance(found, list) else ()

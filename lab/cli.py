@@ -233,8 +233,9 @@ def _params(items: list[str]) -> dict[str, object]:
 
 
 @lab_app.command()
-def inject(kind: Annotated[str, typer.Argument(help="link-down, link-up, flap, degrade, restore, mtu, congest, "
-                                                     "clock-step, gpu, nic-ramp, freeze, thaw, straggle, unstraggle.")],
+def inject(kind: Annotated[str, typer.Argument(help="link-down, link-up, flap, degrade, loss, restore, mtu, "
+                                                     "congest, clock-step, gpu, nic-ramp, freeze, thaw, straggle, "
+                                                     "unstraggle.")],
            target: Annotated[str, typer.Argument(help="A link (h3-leaf1r0, leaf0r0-spine1) or a host (h3).")],
            param: Annotated[list[str] | None, typer.Option("--param", "-p", help="KEY=VALUE, repeatable.")] = None,
            name: NameOpt = None, state_root: StateRoot = None) -> None:

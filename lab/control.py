@@ -79,8 +79,15 @@ class LabControl(Protocol):
         """Cap a link with a ``tbf`` qdisc (a small queue, so it congests and drops under load)."""
         ...
 
+    def lose_packets(self, link: str, *, percent: float, direction: Direction = Direction.BOTH) -> None:
+        """Drop ``percent`` % (in (0, 100]) of the packets leaving each sending end, at random, whatever the load.
+
+        A failing optic or a dirty fibre (CRC drops on one cable); `restore_link` ends it.
+        """
+        ...
+
     def restore_link(self, link: str) -> None:
-        """Remove any qdisc and MTU change the lab put on the link, and bring it up."""
+        """Remove any qdisc, packet loss and MTU change the lab put on the link, and bring it up."""
         ...
 
     def set_mtu(self, link: str, *, end: str, mtu: int) -> None:

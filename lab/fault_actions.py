@@ -43,6 +43,10 @@ def degrade(lab: LabControl, c: Call) -> None:
                      latency_ms=num(c, "latency_ms"), direction=Direction(c.params["direction"]))
 
 
+def lose(lab: LabControl, c: Call) -> None:
+    lab.lose_packets(c.target, percent=num(c, "percent"), direction=Direction(c.params["direction"]))
+
+
 def restore(lab: LabControl, c: Call, _handle: str | None = None) -> None:
     lab.restore_link(c.target)
 

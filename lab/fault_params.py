@@ -116,6 +116,8 @@ def check_range(param: Param, value: float) -> None:
 _P = ParamType
 RATE_MBIT = Param("rate_mbit", _P.FLOAT, 100.0, lo=0, hi=1_000_000, open_lo=True)
 """A shaped rate (degrade, congest)."""
+LOSS_PERCENT = Param("percent", _P.FLOAT, 5.0, lo=0, hi=100, open_lo=True)
+"""The share of a link's packets a lossy end drops (loss), in per cent."""
 _PER_S = Param("rate_per_s", _P.FLOAT, 1.0, lo=0, hi=1e9, open_lo=True)
 GPU_PARAMS: Mapping[GpuFault, tuple[Param, ...]] = {
     GpuFault.ECC_SBE_RISING: (_PER_S,),

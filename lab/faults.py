@@ -18,8 +18,11 @@ flap           link    period_s (2), count (5), end                ``count`` pul
                                                                    no ``for`` (it ends by itself)
 degrade        link    rate_mbit (100), burst_kbit (32),           degrade_link / restore_link; degradation
                        latency_ms (20), direction (both)
+loss           link    percent (5, in (0, 100]), direction (both)  lose_packets / restore_link; random
+                                                                   drops whatever the load (a bad optic);
+                                                                   degradation
 restore        link    -                                           restore_link; recovery, ends open
-                                                                   link-down/degrade/mtu/congest
+                                                                   link-down/degrade/loss/mtu/congest
 mtu            link    end (required), mtu (required, 68-65535)    set_mtu / restore_link; degradation
 congest        link    direction (forward), rate_mbit (100),       degrade_link one way + start_load /
                        load_mbit (2 x rate_mbit)                   stop_load + restore_link; degradation
@@ -51,6 +54,7 @@ from ridethrough.lab.fake_ib import HW_COUNTERS, IB_COUNTERS
 from ridethrough.lab.fault_actions import Start, Undo, num
 from ridethrough.lab.fault_params import (
     GPU_PARAMS,
+    LOSS_PERCENT,
     RATE_MBIT,
     Param,
     ParamType,
@@ -287,7 +291,7 @@ _END = Param("end", _P.END)
 IB_ERROR_COUNTERS = (*IB_COUNTERS, *HW_COUNTERS)
 """IB counters (``counters/`` and ``hw_counters/``) a NIC ramp can drive."""
 _LINK, _HOST = Target.LINK, Target.HOST
-_LINK_FAULTS = frozenset({"link-down", "flap", "degrade", "mtu", "congest"})
+_LINK_FAULTS = frozenset({"link-down", "flap", "degrade", "loss", "mtu", "congest"})
 _DIRS = tuple(d.value for d in Direction)
 
 KINDS: Mapping[str, FaultKind] = {k.name: k for k in (
@@ -302,6 +306,8 @@ KINDS: Mapping[str, FaultKind] = {k.name: k for k in (
                                  Param("latency_ms", _P.FLOAT, 20.0, lo=0, hi=1e5, open_lo=True),
                                  Param("direction", _P.CHOICE, "both", choices=_DIRS)),
               act.degrade, act.restore, _truth(EntityType.LINK, "link_degraded", Effect.DEGRADATION), "link"),
+    FaultKind("loss", _LINK, (LOSS_PERCENT, Param("direction", _P.CHOICE, "both", choices=_DIRS)),
+              act.lose, act.restore, _truth(EntityType.LINK, "link_degraded", Effect.DEGRADATION), "link"),
     FaultKind("restore", _LINK, (), act.restore, None,
               _truth(EntityType.LINK, "link_restored", Effect.RECOVERY), "link", clears=_LINK_FAULTS),
     FaultKind("mtu", _LINK, (Param("end", _P.END, required=True), Param("mtu", _P.INT, required=True, lo=68, hi=65535)),

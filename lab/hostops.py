@@ -275,6 +275,10 @@ class LabBase:
         """Cap a link (refused without a fabric)."""
         raise self._no_fabric("link faults")
 
+    def lose_packets(self, link: str, *, percent: float, direction: Direction = Direction.BOTH) -> None:
+        """Make a link lossy (refused without a fabric)."""
+        raise self._no_fabric("link faults")
+
     def restore_link(self, link: str) -> None:
         """Restore a link (refused without a fabric)."""
         raise self._no_fabric("link faults")

@@ -1,11 +1,11 @@
 """The degraded mode: a lab without network namespaces (no root, or a kernel that refuses them).
 
-Hosts are processes on loopback: each host gets an address ``127.A.B.{10+i}`` for its jobs,
-its own directory (fake IB tree, fake GPUs, NIC fault script, clock) and, unless
+Hosts are processes on loopback: each host gets an address ``127.A.B.{10+i}`` for its jobs and one
+per NIC (after the hosts' addresses), its own directory (fake IB tree, fake GPUs, NIC fault script, clock) and, unless
 ``agents=False``, a real ``ridethrough agent``; one server listens on ``127.A.B.1``. What can
 be emulated is (GPU faults, clock steps, NIC error-counter ramps, freeze and thaw of the
-host's recorded processes, and straggle where cgroups are writable); link faults, MTU
-changes, loads and a ramp's eventual link down are refused with a one-line `LabError`.
+host's recorded processes, and straggle where cgroups are writable); link faults (packet
+loss too), MTU changes, loads and a ramp's eventual link down are refused with a one-line `LabError`.
 """
 
 from __future__ import annotations
@@ -40,14 +40,20 @@ def loopback_state(topo: Topology, sf: StateFile, *, net: str, agents: bool,
     """What a loopback lab is, before anything is made."""
     cg = cgroups.available()
     hosts: dict[str, Any] = {}
+    rails = topo.spec.rails
+    # each NIC its own address, as on a real host (its prober binds one socket per NIC address)
+    nic_base = 10 + len(topo.hosts)
+    if nic_base + len(topo.hosts) * rails > 254:
+        raise LabError(f"a loopback lab has room for {244 // (1 + rails)} hosts with {rails} rails in one /24, "
+                       f"not {len(topo.hosts)}")
     for host in topo.hosts:
         i = topo.host_index(host)
         addr = f"{net}.{10 + i}"
         hosts[host] = {
             "index": i, "rack": topo.rack_of(host), "ns": None, "stable_ip": addr, "mgmt_ip": addr,
             "dir": str(sf.dir / "hosts" / host),
-            "nics": {f"nic{r}": {"ip": addr, "link": topo.nic_link(host, f"nic{r}").name}
-                     for r in range(topo.spec.rails)},
+            "nics": {f"nic{r}": {"ip": f"{net}.{nic_base + i * rails + r}", "link": topo.nic_link(host, f"nic{r}").name}
+                     for r in range(rails)},
             "clock": {"offset_ns": clocks[host][0], "drift_ppm": clocks[host][1]},
             "cgroup": str(cgroups.host_dir(topo.name, host)) if cg else None,
             "jobs_cgroup": str(cgroups.host_dir(topo.name, host, jobs=True)) if cg else None,

@@ -20,6 +20,8 @@ JOB_HOSTS = ("h0", "h1", "h4", "h5")
 SPARE_HOST = "h1"
 SPINE_LINK = "leaf0r0-spine0"
 """Act 1: a rack-0 leaf's uplink to a spine; half the job's cross-rack traffic hashes onto it."""
+SPINE_LOSS_PERCENT = 10.0
+"""Act 1: the share of packets the failing optic drops each way (a rate cap alone is not seen without heavy load)."""
 CUT_LINK, CUT_HOST = "h4-leaf1r0", "h4"
 """Act 2: h4's rail-0 cable; the reflex moves h4's peers onto rail 1."""
 GPU_HOST, GPU_INDEX = "h4", 0
@@ -43,10 +45,11 @@ class Act:
 
 
 def spine_degrades(ctx: Context, res: ActResult) -> None:
-    """(1) A spine link degrades: predicted and localised; traffic moves off it; the job does not notice."""
+    """(1) A spine link degrades (a failing optic drops packets at random): predicted and localised; traffic
+    moves off it; the job does not notice."""
     before, since = job_before(ctx), time.time_ns()
     kinds = ("link_degrading", "congestion", "link_down", "link_flap")
-    ctx.stack.lab.degrade_link(SPINE_LINK, rate_mbit=50.0, latency_ms=40.0)
+    ctx.stack.lab.lose_packets(SPINE_LINK, percent=SPINE_LOSS_PERCENT)
     try:
         seen = watch(ctx, since_ns=since, kinds=kinds, entities=(SPINE_LINK,), what=f"{SPINE_LINK} degraded")
     finally:

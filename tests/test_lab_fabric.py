@@ -403,6 +403,9 @@ def test_loopback_mode_emulates_what_it_can_and_refuses_the_rest(tmp_path: Path)
     spec = TopologySpec(hosts=2, racks=1, rails=2, spines=1, gpus=2)
     with LoopbackLab.up(spec, name=_name("loop"), agents=False, state_root=tmp_path) as lab:
         assert lab.mode == "loopback" and lab.hosts() == ["h0", "h1"] and lab.links() == []
+        addresses = [nic["ip"] for h in lab.hosts() for nic in lab.host_info(h)["nics"].values()]
+        stable = [lab.host_info(h)["stable_ip"] for h in lab.hosts()]
+        assert len(set(addresses + stable)) == 6, "every NIC has its own address (a prober binds each)"
         lab.gpu_fault("h0", 1, GpuFault.XID, {"code": 79})
         assert [f.fault for f in GpuScript(lab.host_dir("h0") / "gpus.json").faults()] == [GpuFault.XID]
         lab.step_clock("h1", step_ns=5_000_000)

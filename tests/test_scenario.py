@@ -79,6 +79,9 @@ class RecordingLab:
                      direction: Direction = Direction.BOTH) -> None:
         self._call("degrade_link", link, rate_mbit, burst_kbit, latency_ms, direction)
 
+    def lose_packets(self, link: str, *, percent: float, direction: Direction = Direction.BOTH) -> None:
+        self._call("lose_packets", link, percent, direction)
+
     def restore_link(self, link: str) -> None:
         self._call("restore_link", link)
 
@@ -142,7 +145,7 @@ def run(sc: Scenario, lab: RecordingLab, **kwargs) -> RunResult:
 def test_at_least_six_scenarios_ship_covering_every_fault_family() -> None:
     kinds = {f.kind for path in SCENARIOS for f in load_scenario(path).timeline}
     assert len(SCENARIOS) >= 6
-    assert {"link-down", "nic-ramp", "gpu", "clock-step", "straggle", "freeze", "degrade", "mtu"} <= kinds
+    assert {"link-down", "nic-ramp", "gpu", "clock-step", "straggle", "freeze", "loss", "mtu"} <= kinds
     effects = {(f.truth.precursor_at_s is not None, f.truth.failure_at_s is not None)
                for path in SCENARIOS for f in load_scenario(path).timeline}
     assert {(True, True), (False, True), (True, False)} <= effects  # with and without precursors
@@ -499,7 +502,7 @@ def test_jobs_start_before_the_timeline_and_stop_after_it() -> None:
 def test_plan_is_sorted_with_undos_first_at_equal_times() -> None:
     sc = load_scenario(next(p for p in SCENARIOS if p.stem == "spine_link_degrades"))
     assert [(a.offset_s, a.phase.value, a.index) for a in plan(sc)] == [
-        (10.0, "start", 0), (40.0, "undo", 0), (40.0, "start", 1), (70.0, "undo", 1)]
+        (10.0, "start", 0), (55.0, "undo", 0), (55.0, "start", 1), (85.0, "undo", 1)]
 
 
 # -- lab run ---------------------------------------------------------------------------------

@@ -224,6 +224,11 @@ def serve_gunicorn(make: Callable[[], WSGIApp], cfg: DashboardConfig, *, embedde
         def load_config(self) -> None:
             options = {"bind": cfg.listen, "workers": workers, "threads": cfg.threads, "worker_class": "gthread",
                        "timeout": 120, "accesslog": None, "when_ready": when_ready}
+            # Recent gunicorn opens a control socket at one path per user (~/.gunicorn/gunicorn.ctl): a second
+            # dashboard, or any gunicorn app of that user, takes it over, and the first to stop deletes it for
+            # the other. Nothing here uses it; older gunicorn has no such setting.
+            if "control_socket_disable" in self.cfg.settings:
+                options["control_socket_disable"] = True
             for key, value in options.items():
                 self.cfg.set(key, value)
 

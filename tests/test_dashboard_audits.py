@@ -32,6 +32,7 @@ from ridethrough.dashboards.pages_common import Context
 from ridethrough.dashboards.serve import DashServer, wsgi_app
 from ridethrough.exporters.store import Store
 from ridethrough.lab.topology import Topology, TopologySpec
+from tests.browser_netns import BrowserNetns
 from tests.conftest import ROOT, read_ready
 from tests.test_audit import SimFabric, _telemetry
 
@@ -138,15 +139,25 @@ def dashboard(results: tuple[AuditResult, AuditResult],
 
 
 @pytest.fixture
-def page(dashboard: str) -> Iterator[Any]:
+def page(dashboard: str, tmp_path: Path) -> Iterator[Any]:
     api = _sync_api()
-    with api.sync_playwright() as pw:
-        args = ["--no-sandbox"] if os.geteuid() == 0 else []
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
-        tab = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-        tab.set_default_timeout(TIMEOUT_MS)
-        yield tab
-        browser.close()
+    # Chromium in a network namespace of its own: a lab coming up or down elsewhere changes this host's
+    # addresses, and Chromium fails every request in flight on such a change (see tests/browser_netns.py)
+    ns = BrowserNetns.start()
+    executable = CHROMIUM if ns is None else ns.launcher(CHROMIUM, tmp_path)
+    try:
+        if ns is not None:
+            ns.expose(dashboard)
+        with api.sync_playwright() as pw:
+            args = ["--no-sandbox"] if os.geteuid() == 0 else []
+            browser = pw.chromium.launch(executable_path=str(executable), headless=True, args=args)
+            tab = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            tab.set_default_timeout(TIMEOUT_MS)
+            yield tab
+            browser.close()
+    finally:
+        if ns is not None:
+            ns.close()
 
 
 def _shot(page: Any, name: str) -> None:

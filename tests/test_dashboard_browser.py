@@ -5,6 +5,10 @@ the dashboard reads it through the store's read-only HTTP endpoint, as it does b
 Every page must render figures that hold data (an empty figure says why it is empty, so it fails
 here); screenshots go to tests/artifacts/ (git-ignored). The last test serves through gunicorn behind
 basic auth, started by the real command.
+
+Chromium runs in a network namespace of its own where this process can make one (`tests.browser_netns`):
+a lab test beside these ones changes the host's addresses, and Chromium aborts requests in flight when
+they change. A page that does not render says what its tab saw (`tests.browser_watch`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ from ridethrough.dashboards.fake_fleet import FakeFleet, FleetSpec, fabric_map, 
 from ridethrough.dashboards.serve import DashServer, build_context, wsgi_app
 from ridethrough.exporters.store import Store
 from ridethrough.exporters.store_http import StoreHttpEndpoint
+from tests.browser_netns import BrowserNetns
+from tests.browser_watch import seen, watch
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,17 +68,33 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, str
     st.close()
 
 
-def serve(dsn: str, fabric: Path, **overrides: Any) -> Iterator[str]:
-    """The dashboard on Dash's own server (werkzeug) in a thread, on a free port."""
+def serve(dsn: str, fabric: Path, reach: Callable[[str], str], **overrides: Any) -> Iterator[str]:
+    """The dashboard on Dash's own server (werkzeug) in a thread, on a free port, reachable from the browser."""
     cfg = DashboardConfig(store=dsn, fabric_map_file=str(fabric), agent_stale_s=90, **overrides)
     server = DashServer(wsgi_app(build_context(cfg, dsn=dsn)), listen="127.0.0.1:0")
-    yield server.start()
+    yield reach(server.start())
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def base(store: tuple[Store, str, FakeFleet, Path]) -> Iterator[str]:
-    yield from serve(store[1], store[3], refresh_s=0)
+def netns() -> Iterator[BrowserNetns | None]:
+    """Chromium's own network namespace (None where none can be made): see `tests.browser_netns`."""
+    _sync_api()
+    ns = BrowserNetns.start()
+    yield ns
+    if ns is not None:
+        ns.close()
+
+
+@pytest.fixture(scope="module")
+def reach(netns: BrowserNetns | None) -> Callable[[str], str]:
+    """Make a server's URL reachable from the browser (in its namespace, at the same address and port)."""
+    return (lambda url: url) if netns is None else netns.expose
+
+
+@pytest.fixture(scope="module")
+def base(store: tuple[Store, str, FakeFleet, Path], reach: Callable[[str], str]) -> Iterator[str]:
+    yield from serve(store[1], store[3], reach, refresh_s=0)
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +103,13 @@ def fleet(store: tuple[Store, str, FakeFleet, Path]) -> FakeFleet:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(netns: BrowserNetns | None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     api = _sync_api()
+    executable = CHROMIUM if netns is None else netns.launcher(CHROMIUM, tmp_path_factory.mktemp("chromium"))
     with api.sync_playwright() as pw:
         # Chromium's sandbox needs user namespaces a root test run does not have.
         args = ["--no-sandbox"] if os.geteuid() == 0 else []
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
+        chromium = pw.chromium.launch(executable_path=str(executable), headless=True, args=args)
         yield chromium
         chromium.close()
 
@@ -96,6 +119,7 @@ def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     tab = context.new_page()
     tab.set_default_timeout(TIMEOUT_MS)
+    watch(tab)
     yield tab
     context.close()
 
@@ -106,7 +130,10 @@ def load(page: Any, url: str) -> None:
 
 
 def rendered(page: Any) -> None:
-    page.wait_for_function(READY, timeout=TIMEOUT_MS, polling=50)
+    try:
+        page.wait_for_function(READY, timeout=TIMEOUT_MS, polling=50)
+    except _sync_api().Error as exc:  # a timeout, mostly: what the tab saw says why
+        raise AssertionError(f"{page.url} did not render: {exc}\n--- what the tab saw ---\n{seen(page)}") from exc
 
 
 def points(page: Any, graph_id: str) -> int:
@@ -201,8 +228,10 @@ def test_goodput_page(page: Any, base: str) -> None:
     assert "llama-70b-pretrain" in page.inner_text("#goodput-jobs-table")
 
 
-def test_figures_refresh_without_reloading_the_page(page: Any, store: tuple[Store, str, FakeFleet, Path]) -> None:
-    for url in serve(store[1], store[3], refresh_s=1, cache_s=0):
+def test_figures_refresh_without_reloading_the_page(page: Any, store: tuple[Store, str, FakeFleet, Path],
+                                                    reach: Callable[[str], str]) -> None:
+    # A refresh supersedes a callback still in flight: the period leaves a loaded machine time to answer.
+    for url in serve(store[1], store[3], reach, refresh_s=3, cache_s=0):
         load(page, url + "/")
         page.evaluate("() => { window.__not_reloaded = true; }")
         before = page.inner_text("#fleet-status")
@@ -210,32 +239,44 @@ def test_figures_refresh_without_reloading_the_page(page: Any, store: tuple[Stor
         assert page.evaluate("() => window.__not_reloaded") is True
 
 
-def test_gunicorn_with_basic_auth(browser: Any, store: tuple[Store, str, FakeFleet, Path], tmp_path: Path) -> None:
+def test_gunicorn_with_basic_auth(browser: Any, store: tuple[Store, str, FakeFleet, Path], tmp_path: Path,
+                                  reach: Callable[[str], str]) -> None:
     ready = tmp_path / "ready.json"
     env = {**os.environ, "RIDETHROUGH_DASHBOARD_BASIC_AUTH_USER": "sre", "RT_TEST_PW": "s3cret",
            "RIDETHROUGH_DASHBOARD_BASIC_AUTH_PASSWORD": "env:RT_TEST_PW", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-c", "import typer; from ridethrough.dashboards.dashboard_cli import dashboard; "
                "typer.run(dashboard)", "--store", store[1], "--listen", "127.0.0.1:0", "--server", "gunicorn",
                "--workers", "2", "--fabric-map-file", str(store[3]), "--ready-file", str(ready)]
-    log = (tmp_path / "gunicorn.log").open("wb")
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    log_path = tmp_path / "gunicorn.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        url = wait_for(lambda: ready.exists() and json.loads(ready.read_text())["url"], timeout_s=60,
-                       what="the dashboard's ready file")
+        url = str(wait_for(lambda: ready.exists() and json.loads(ready.read_text())["url"], timeout_s=60,
+                           what="the dashboard's ready file"))
         wait_for(lambda: _status(url + "/healthz") == 200, timeout_s=60, what="gunicorn's workers")
         assert _status(url + "/") == 401
         assert _status(url + "/", ("sre", "wrong")) == 401
         assert _status(url + "/", ("sre", "s3cret")) == 200
         context = browser.new_context(http_credentials={"username": "sre", "password": "s3cret"})
-        tab = context.new_page()
-        load(tab, url + "/")
-        assert points(tab, "fleet-health") == 8
-        context.close()
-    finally:
+        try:
+            tab = context.new_page()
+            tab.set_default_timeout(TIMEOUT_MS)
+            watch(tab)
+            load(tab, reach(url) + "/")
+            assert points(tab, "fleet-health") == 8
+        finally:
+            context.close()
+    except BaseException as exc:  # gunicorn's own account belongs with any failure here
         proc.terminate()
-        code = proc.wait(30)
-        log.close()
-    assert code == 0, (tmp_path / "gunicorn.log").read_text()
+        proc.wait(30)
+        exc.add_note("--- the dashboard's log (gunicorn) ---\n" + log_path.read_text(errors="replace")[-6000:])
+        raise
+    proc.terminate()
+    code = proc.wait(30)
+    log_text = log_path.read_text(errors="replace")
+    assert code == 0, log_text
+    # No control socket: its one path per user is not this dashboard's to take from another gunicorn.
+    assert "Control socket listening" not in log_text, log_text
 
 
 def _status(url: str, auth: tuple[str, str] | None = None) -> int:

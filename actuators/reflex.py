@@ -281,6 +281,12 @@ class Reflex:
         if base is None or self.routes.foreign(address):
             self._hold(peer, want, "no base route covers it" if base is None else "a /32 that is not ours is there")
             return
+        # Only traffic that leaves by the rails it probes is the reflex's to steer: a route by any other
+        # interface (a management port, the default route of a host whose rails share an address) is not.
+        off_rail = sorted({nh.ifname for nh in base.nexthops} - set(self._ifname.values()))
+        if off_rail:
+            self._hold(peer, want, f"its route leaves by {', '.join(off_rail)}, not by a probed rail")
+            return
         hops = base.without(self._ifname.get(nic, nic) for nic in want)
         if not hops:
             self._hold(peer, want, "that would remove the last path")

@@ -30,6 +30,9 @@ _UNICAST = 1
 _OURS = (RTPROT_RIDETHROUGH, RTPROT_RIDETHROUGH_CENTRAL)
 
 
+_LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+
+
 def _network(destination: str) -> ipaddress.IPv4Network:
     net = ipaddress.ip_network("0.0.0.0/0" if destination == "default" else destination, strict=True)
     if not isinstance(net, ipaddress.IPv4Network):
@@ -68,6 +71,8 @@ class NetlinkRouteOps(NetlinkSocket):
     def replace(self, route: Route) -> None:
         """Install ``route`` (atomically replacing ours at its metric; ours at other metrics go after)."""
         net = _network(route.destination)
+        if net.subnet_of(_LOOPBACK):  # a route for it would send this host's own traffic off the host
+            raise ValueError(f"{route.destination}: loopback addresses never leave the host; not routed")
         with self._lock:
             index = {name: i for i, name in self._names().items()}
             hops = [(route.dev, route.via), *route.more]

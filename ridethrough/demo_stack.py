@@ -3,7 +3,7 @@
 The lab's supervisor starts ``ridethrough server`` (gateway, store endpoint, clock service, and the
 controller with its detectors, actuator runner and PagerDuty exporter) and one agent per host; they
 read their settings from the environment they inherit, so `lab_env` is the demo's whole
-configuration: actuators on and not dry-run, the reflex on, pages to the local sink, incidents that
+configuration: actuators on and not dry-run, the reflex on (in namespaces), pages to the local sink, incidents that
 resolve after 10 quiet seconds (so the story's pages resolve while it is told).
 """
 
@@ -57,15 +57,17 @@ def detect_mode(unavailable: Callable[[], str | None] = netns.unavailable_reason
     return Mode("netns") if reason is None else Mode("loopback", reason)
 
 
-def lab_env(*, data_dir: Path, sink_url: str, dashboard_url: str, pagerduty_key: str) -> dict[str, str]:
-    """The settings the lab's server and agents inherit (see the module docstring)."""
+def lab_env(*, data_dir: Path, sink_url: str, dashboard_url: str, pagerduty_key: str,
+            reflex: bool = True) -> dict[str, str]:
+    """The settings the lab's server and agents inherit (see the module docstring); ``reflex`` off where the
+    agents share this host's own routing table (the loopback mode: nothing there is theirs to reroute)."""
     env = {
         "RIDETHROUGH_ACTUATORS_ENABLED": "true", "RIDETHROUGH_ACTUATORS_DRY_RUN": "false",
         # The story is minutes long. The runner considers an incident only when it changes, and a plan refused
         # for hysteresis waits for the next change, which may come after the act: act on the first one. Resolve
         # after 10 quiet seconds (default 30), so the pages resolve while the story is told.
         "RIDETHROUGH_ACTUATORS_HYSTERESIS_S": "0", "RIDETHROUGH_CONTROLLER_QUIET_S": "10",
-        "RIDETHROUGH_AGENT_REFLEX": "true",
+        "RIDETHROUGH_AGENT_REFLEX": "true" if reflex else "false",
         "RIDETHROUGH_PAGERDUTY_ENABLED": "true", "RIDETHROUGH_PAGERDUTY_EVENTS_URL": sink_url + ALERT_PATH,
         "RIDETHROUGH_PAGERDUTY_CHANGE_URL": sink_url + CHANGE_PATH,
         "RIDETHROUGH_PAGERDUTY_ROUTING_KEYS": f"*=env:{PAGERDUTY_KEY_ENV}", PAGERDUTY_KEY_ENV: pagerduty_key,
@@ -117,7 +119,7 @@ def bring_up(*, mode: Mode, name: str, data_dir: Path, dashboard: bool,
     # The lab's supervisor, server and agents are started from this process and inherit its
     # environment: the one way to hand them the demo's settings without a file per component.
     os.environ.update(lab_env(data_dir=data_dir, sink_url=sink_url, dashboard_url=planned_url,
-                              pagerduty_key=secrets.token_hex(16)))
+                              pagerduty_key=secrets.token_hex(16), reflex=mode.name == "netns"))
     say(f"PagerDuty-contract sink on {sink_url} (events recorded in {sink.record_file})")
     try:
         lab = _lab_up(mode, name, data_dir / "labs")

@@ -514,3 +514,13 @@ def test_an_override_left_by_an_earlier_run_is_adopted_and_returned_when_healthy
     span = rig.span("reflex.return")  # from the adoption, a hold-down of good probes
     assert span.start_time is not None and span.end_time is not None
     assert span.end_time - span.start_time >= FAST.health.holddown_s * 1e9
+
+
+def test_a_route_that_leaves_by_no_probed_rail_is_never_touched(rig: Rig) -> None:
+    # e.g. rails that share the host's own address (the lab's loopback mode): the peer's route is the
+    # default route by the management port, and an override would send the host's traffic off the host
+    rig.routes.base = BaseRoute("0.0.0.0/0", (Nexthop("192.0.2.1", "eth0"),), None)
+    rig.peer.down("nic0")
+    wait_for(lambda: "reflex.held" in rig.names(), what="the reflex to hold")
+    held = next(e for e in rig.events if e.name == "reflex.held")
+    assert "leaves by eth0, not by a probed rail" in held.body and rig.routes.writes == []

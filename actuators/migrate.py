@@ -9,8 +9,9 @@
 
 `Recovery` (reactive: a rank died, a node fell silent)::
 
-    reports the other ranks report the step (and update phase) where their collective failed
-    plan    a rank that had not updated gives its state to a spare per lost rank
+    reports a spare per lost rank is assigned at once (its script builds while the others report);
+            the other ranks report the step (and update phase) where their collective failed
+    plan    a rank that had not updated gives its state to those spares
     form    the next generation forms; the ranks replay the interrupted step (at most one step redone)
 
 A spare that dies on the way is replaced by another one (before the hand-over: the migration is
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ridethrough.actuators.shim import keys
 
@@ -85,6 +86,7 @@ class Migration:
                 left = keys.peek(c.store, keys.ctl(self.n, f"left/{rank}"))
                 if left is not None and not left.get("ok"):
                     keys.put(c.store, keys.ctl(self.n, "final"), {"kind": "stay"})
+                    c.store.set(keys.wake(self.gen), "stay")  # the others wait in the roll call of gen
                     return self._finish(c, False, f"rank {rank} could not hand over its state "
                                                   f"({left.get('error')}); it stays, the generation is kept")
             if all(self.leaving_ok(c, r) for r in self.ranks):
@@ -158,8 +160,8 @@ class Migration:
         donor = min(r for r in range(c.world_size) if r not in self.ranks)
         tag = f"m{self.gen}"
         c.assign(others[0], rank=rank, gen=self.gen, tag=tag, seq=self.n + 1)
-        keys.put(c.store, keys.recover(old), {"kind": "replace", "gen": self.gen, "ranks": {str(rank): others[0].id},
-                                              "donor": donor, "tag": tag, "step": -1})
+        keys.post_plan(c.store, old, {"kind": "replace", "gen": self.gen, "ranks": {str(rank): others[0].id},
+                                      "donor": donor, "tag": tag, "step": -1})
         self.deadline = c.clock() + c.timeouts.form_s
         c.note("migration_spare_replaced", rank=rank, dead=spare.id, spare=others[0].id, donor=donor,
                generation=self.gen)
@@ -188,7 +190,12 @@ class Migration:
 
 @dataclass(eq=False)
 class Recovery:
-    """A reactive recovery of the ``lost`` ranks of the current generation (see the module docstring)."""
+    """A reactive recovery of the ``lost`` ranks of the current generation (see the module docstring).
+
+    Spares are assigned at the first tick, while the other ranks still report: a spare's script
+    then builds its objects and waits for the state in parallel with the reports, not after the
+    plan. The plan (the donor, the step) follows once every report is in.
+    """
 
     c: Coordinator = field(repr=False)
     lost: set[int]
@@ -197,6 +204,8 @@ class Recovery:
     gen: int = -1
     plan_gen: int = -1
     moves: dict[int, Spare] = field(default_factory=dict)
+    tags: dict[int, str] = field(default_factory=dict)
+    """Ranks whose transfer has its own tag (their first spare died before the plan), not the plan's."""
     donor: int = -1
     deadline: float = 0.0
     started: float = 0.0
@@ -222,6 +231,29 @@ class Recovery:
             return True
         return False
 
+    def _held(self, rank: int) -> bool:
+        spare = self.moves.get(rank)
+        return spare is not None and spare.state == "assigned"
+
+    def _assign_spares(self, c: Coordinator) -> None:
+        """Give every lost rank without a live spare one (all or none: too few waits for the decision)."""
+        need = [r for r in sorted(self.lost) if not self._held(r)]
+        if not need:
+            return
+        spares = c.pick(len(need), avoid={c.slots[r].node for r in self.lost if r in c.slots})
+        if spares is None:
+            return
+        if self.plan_gen < 0:
+            self.plan_gen = c.next_generation()
+        for rank, spare in zip(need, spares, strict=True):
+            tag = f"r{self.plan_gen}"
+            if rank in self.moves:  # its first spare died: that one may have begun the transfer under the tag
+                tag = self.tags[rank] = f"{tag}-{spare.id}"
+            self.moves[rank] = spare
+            c.assign(spare, rank=rank, gen=self.plan_gen, tag=tag, seq=c.oldest_open_command)
+        c.note("recovery_spares_assigned", ranks=need, spares={str(r): self.moves[r].id for r in need},
+               generation=self.plan_gen, at=time.time())
+
     def _plan(self, c: Coordinator) -> bool:
         survivors = [r for r in range(c.world_size) if r not in self.lost]
         if any(c.slots[r].done for r in survivors if r in c.slots):
@@ -233,15 +265,16 @@ class Recovery:
             c.note("lost_at_end", ranks=sorted(self.lost))
             self.stage = "done"
             return True
+        self._assign_spares(c)
         reports = {r: keys.peek(c.store, keys.fail(self.gen, r)) for r in survivors}
         missing = sorted(r for r, doc in reports.items() if doc is None)
-        ready = sum(1 for s in c.spares.values() if s.state == "ready")
-        if missing and c.clock() < self.deadline and ready >= len(self.lost):
+        spared = all(self._held(r) for r in self.lost)
+        if missing and c.clock() < self.deadline and spared:
             return False
         why = ""
         steps = sorted({int(doc["step"]) for doc in reports.values() if doc is not None})
         donors = sorted(r for r, doc in reports.items() if doc is not None and doc["phase"] == "pre")
-        if ready < len(self.lost):
+        if not spared:
             why = f"no spare ready for ranks {sorted(self.lost)}"
         elif not survivors:
             why = "every rank is lost: no peer holds the state"
@@ -251,29 +284,24 @@ class Recovery:
             why = f"the ranks stopped at different steps {steps}: no single step to redo"
         elif self.lost and not donors:
             why = "every surviving rank had already updated its model: no peer holds the lost ranks' state"
-        spares = c.pick(len(self.lost), avoid={c.slots[r].node for r in self.lost if r in c.slots}) \
-            if not why else None
-        if not why and spares is None:
-            why = f"no spare ready for ranks {sorted(self.lost)}"
         if why:
             c.fallback(f"cannot recover ranks {sorted(self.lost)}: {why}", gen=self.gen)
             self.stage = "done"
             return True
-        assert spares is not None
         self.step, self.donor = steps[0], donors[0] if donors else -1
-        self.moves = dict(zip(sorted(self.lost), spares, strict=True))
-        self._post(c, self.gen, self.moves)
+        if self.plan_gen < 0:  # nobody lost (a transient failure): the same ranks form the next generation
+            self.plan_gen = c.next_generation()
+        self._post(c, self.gen, dict(self.moves))
         return False
 
     def _post(self, c: Coordinator, leaving: int, moves: dict[int, Spare]) -> None:
-        """Assign ``moves``' spares and post the plan for leaving generation ``leaving``."""
-        self.plan_gen = c.next_generation()
-        tag = f"r{self.plan_gen}"
-        for rank, spare in moves.items():
-            c.assign(spare, rank=rank, gen=self.plan_gen, tag=tag, seq=c.oldest_open_command)
-        keys.put(c.store, keys.recover(leaving), {"kind": "replace", "gen": self.plan_gen,
-                                                  "ranks": _moves_doc(moves), "donor": self.donor,
-                                                  "tag": tag, "step": self.step})
+        """Post the plan for leaving generation ``leaving``: ``moves``' spares (assigned) take their ranks."""
+        doc: dict[str, Any] = {"kind": "replace", "gen": self.plan_gen, "ranks": _moves_doc(moves),
+                               "donor": self.donor, "tag": f"r{self.plan_gen}", "step": self.step}
+        tags = {str(r): self.tags[r] for r in sorted(moves) if r in self.tags}
+        if tags:
+            doc["tags"] = tags
+        keys.post_plan(c.store, leaving, doc)
         self.stage, self.deadline = "form", c.clock() + c.timeouts.form_s
         c.note("recovery_planned", ranks=sorted(self.lost), spares=_moves_doc(self.moves), donor=self.donor,
                step=self.step, generation=self.plan_gen, at=time.time())
@@ -281,7 +309,7 @@ class Recovery:
     def spare_died(self, c: Coordinator, spare: Spare) -> None:
         rank = next((r for r, s in self.moves.items() if s is spare), None)
         if rank is None or self.stage != "form":
-            return
+            return  # before the plan, the next tick assigns another spare (`_assign_spares`)
         others = c.pick(1, avoid={spare.node})
         if others is None:
             c.fallback(f"spare {spare.id} died while taking rank {rank}, and no other spare is ready",
@@ -289,8 +317,11 @@ class Recovery:
             self.stage = "done"
             return
         self.moves[rank] = others[0]
+        self.tags.pop(rank, None)
         c.note("recovery_spare_replaced", rank=rank, dead=spare.id, spare=others[0].id)
-        self._post(c, self.plan_gen, {rank: others[0]})
+        leaving, self.plan_gen = self.plan_gen, c.next_generation()
+        c.assign(others[0], rank=rank, gen=self.plan_gen, tag=f"r{self.plan_gen}", seq=c.oldest_open_command)
+        self._post(c, leaving, {rank: others[0]})
 
     def abandon(self, c: Coordinator, why: str) -> bool:
         """Never called: a recovery widens instead (`Coordinator.lose`)."""

@@ -23,6 +23,13 @@ Figures (from the ranks' own step lines, which carry a wall-clock time):
   (ridethrough), or the time from the rank's stop until training runs again (drain and restart);
 * ``wall_s``: the whole job, start to exit, with its failures.
 
+``breakdown_ridethrough`` (one row per kill) splits ridethrough's ``resume_s`` by the instants its
+processes logged, each in seconds after the signal: ``failed_s`` (the first surviving rank's
+collective failed), ``lost_s`` (the coordinator heard of the exit), ``spare_assigned_s``,
+``planned_s`` (every report in: the donor and step posted), ``spare_continues_s`` (the spare has the
+state and the new generation is formed), then ``resume_s`` itself. Log times have millisecond
+resolution.
+
 Both variants must end with the same model as each other (every resume here is exact): the
 ``digests_match`` figure checks it. Without --quick the job runs across two lab hosts (network
 namespaces; one launcher per host, the spares on the second host) when this machine can build a
@@ -33,6 +40,7 @@ lab, ``--quick --lab`` too). --quick: local, 2 ranks, 24 steps, one failure each
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import json
 import os
@@ -84,6 +92,8 @@ class Job:
     signals: list[dict[str, Any]] = field(default_factory=list)
     socket: Path | None = None
     """Node 0's control socket (None: the local launcher's, in the shared run directory)."""
+    output: str = ""
+    """The launchers' own output (their logs on lab hosts; the local launcher's stderr)."""
 
     @property
     def logs(self) -> Path:
@@ -158,6 +168,8 @@ class Job:
     def finish(self, timeout_s: float = 600.0) -> None:
         errors = [p.communicate(timeout=timeout_s)[1] or "" for p in self.procs]
         self.code, self.wall_s = max(p.returncode for p in self.procs), time.time() - self.started
+        self.output = "\n".join([*errors, *(p.read_text(errors="replace")
+                                            for p in sorted(self.logs.glob("launcher-*.log")))])
         if self.code != 0:
             errors += [p.read_text(errors="replace") for p in sorted(self.logs.glob("launcher-*.log"))]
             raise RuntimeError(f"{self.name} exited {self.code}:\n" + "\n".join(e[-2000:] for e in errors))
@@ -203,6 +215,52 @@ def measure(job: Job) -> list[dict[str, Any]]:
     return out
 
 
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+
+
+def _stamp(line: str) -> float | None:
+    """The wall-clock time of a log line's ``asctime`` (local time, milliseconds), or None."""
+    m = _STAMP.search(line)
+    return time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000 if m else None
+
+
+def breakdown(job: Job, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per kill: when each stage of the ride-through was logged, in seconds after the signal."""
+    notes: list[tuple[float, str, dict[str, Any]]] = []
+    for line in job.output.splitlines():
+        if m := re.search(r"coordinator: (\w+) (\{.*\})$", line):
+            doc = ast.literal_eval(m[2])
+            t = doc.get("at") or _stamp(line)
+            if t is not None:
+                notes.append((float(t), m[1], doc))
+    lines: list[tuple[float, str, str]] = []
+    for path in job.logs.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("[ridethrough rank") and (t := _stamp(line)) is not None:
+                lines.append((t, path.stem, line))
+    out = []
+    for n, (sig, row) in enumerate(zip(job.signals, rows, strict=True)):
+        if sig["kind"] != "kill":
+            continue
+        t, until = sig["t"], job.signals[n + 1]["t"] if n + 1 < len(job.signals) else float("inf")
+
+        def first(times: list[float], t: float = t, until: float = until) -> float | None:
+            later = [x for x in times if t - 0.001 <= x < until]  # log times are truncated to the millisecond
+            return round(min(later) - t, 3) if later else None
+
+        spare_lines = [(x, line) for x, name, line in lines if name.startswith("spare")]
+        out.append({"rank": sig["rank"],
+                    "failed_s": first([x for x, _, line in lines if "in generation" in line and (
+                        "failed" in line or "replacing a rank" in line)]),
+                    "lost_s": first([x for x, kind, _ in notes if kind == "rank_lost"]),
+                    "spare_assigned_s": first([x for x, kind, _ in notes if kind == "recovery_spares_assigned"]),
+                    "planned_s": first([x for x, kind, _ in notes if kind == "recovery_planned"]),
+                    "spare_takes_s": first([x for x, line in spare_lines if " takes rank " in line]),
+                    "spare_continues_s": first([x for x, line in spare_lines if " continues at step " in line]),
+                    "resume_s": row.get("resume_s")})
+    return out
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return round(statistics.fmean(vals), 3) if vals else float("nan")
@@ -217,6 +275,7 @@ def run(args: argparse.Namespace, lab: Any = None) -> dict[str, Any]:
     ride = Job("ride", args.nproc, args.spares, 0, job_args, root, lab)
     ride.start()
     ride.wait_step(args.proactive_at - 1)
+    ride.wait_spare()  # a loaded machine may still be warming the spare up
     ride.migrate(1)
     for j, step in enumerate(kills):
         ride.wait_spare()
@@ -247,6 +306,7 @@ def run(args: argparse.Namespace, lab: Any = None) -> dict[str, Any]:
             "pause_s_migration": _mean(ride_m, "pause_s"), "pause_s_drain_restart": _mean(ckpt_m, "pause_s"),
             "recover_speedup": round(_mean(ckpt_kills, "recovered_s") / _mean(ride_kills, "recovered_s"), 2),
             "steps_lost_checkpoint_restart": max(m["steps_lost"] for m in ckpt_kills),
+            "breakdown_ridethrough": breakdown(ride, ride_m),
             "digests_match": len(ride.digests() | restart.digests()) == 1,
             "bench": "migrate",
             "resume_speedup": round(_mean(ckpt_kills, "resume_s") / _mean(ride_kills, "resume_s"), 2),

@@ -282,6 +282,59 @@ def test_a_lost_rank_is_recovered_from_a_peer_that_had_not_updated() -> None:
     assert c.events[-1]["event"] == "recovered" and c.events[-1]["step"] == 7
 
 
+def test_a_spare_is_given_the_lost_rank_at_once_and_the_plan_follows_the_reports() -> None:
+    # The spare builds the script's objects while the other ranks are still on their way to the failure.
+    c, store = _coordinator(3)
+    _spare(store, "a", 200)
+    c.tick()
+    c.exited(node=0, pid=101, code=-9)
+    c.tick()
+    assert keys.get(store, keys.assign("a")) == {"rank": 1, "gen": 1, "tag": "r1", "seq": 0}
+    assert not store.check([keys.recover(0)]) and c.busy
+    _report(store, 0, 0, 7, "pre")
+    _report(store, 0, 2, 7, "pre")
+    c.tick()
+    assert keys.get(store, keys.recover(0)) == {"kind": "replace", "gen": 1, "ranks": {"1": "a"}, "donor": 0,
+                                                "tag": "r1", "step": 7}
+    assert store.check([keys.wake(0)])  # a member waiting in a roll call of generation 0 would re-check
+    store.add(keys.ready(1), 3)
+    c.tick()
+    assert c.generation == 1 and c.slots[1].spare == "a" and not c.busy
+
+
+def test_a_spare_that_dies_before_the_plan_is_replaced_under_its_own_transfer_tag() -> None:
+    c, store = _coordinator(3)
+    _spare(store, "a", 200)
+    _spare(store, "b", 201)
+    c.tick()
+    c.exited(node=0, pid=101, code=-9)
+    c.tick()
+    first = keys.get(store, keys.assign("a"))
+    c.exited(node=0, pid=200, code=-9)  # it may have begun receiving under the plan's tag
+    c.tick()
+    assert keys.get(store, keys.assign("b")) == {**first, "tag": "r1-b"}
+    _report(store, 0, 0, 3, "pre")
+    _report(store, 0, 2, 3, "pre")
+    c.tick()
+    plan = keys.get(store, keys.recover(0))
+    assert plan["ranks"] == {"1": "b"} and plan["tags"] == {"1": "r1-b"} and plan["gen"] == 1
+    store.add(keys.ready(1), 3)
+    c.tick()
+    assert c.slots[1].spare == "b"
+
+
+def test_with_too_few_spares_none_is_assigned_and_the_job_falls_back() -> None:
+    c, store = _coordinator(3)
+    _spare(store, "a", 200)
+    c.tick()
+    c.lose({0, 1})
+    c.tick()
+    assert not store.check([keys.assign("a")]) and c.spares["a"].state == "ready"
+    _report(store, 0, 2, 3, "pre")
+    c.tick()
+    assert keys.get(store, keys.recover(0))["kind"] == "abort" and "no spare ready for ranks [0, 1]" in c.failed
+
+
 @pytest.mark.parametrize(("reports", "why"), [
     ([(0, 5, "pre"), (2, 6, "pre")], "the ranks stopped at different steps [5, 6]"),
     ([(0, 5, "post"), (2, 5, "post")], "every surviving rank had already updated its model"),
@@ -342,6 +395,7 @@ def _same_run(done: FinishedJob, base: FinishedJob, ranks: int = 2) -> None:
 @pytest.mark.slow
 def test_proactive_migration_continues_at_the_same_step(tmp_path: Path, baseline: FinishedJob) -> None:
     job = start_job(tmp_path, "train_plain.py", "--epochs", "2", "--step-sleep", "0.15", spares=1)
+    job.wait_spare("n0s0")  # a loaded machine may still be warming the spare up
     job.wait_for(r'"i": 3,', "rank-1")
     reply = job.ask({"cmd": "migrate", "ranks": [1], "reason": "gpu1 predicted to fail"})
     assert reply["ok"], reply
@@ -355,6 +409,7 @@ def test_proactive_migration_continues_at_the_same_step(tmp_path: Path, baseline
 @pytest.mark.slow
 def test_a_killed_rank_is_replaced_and_the_step_redone(tmp_path: Path, baseline: FinishedJob) -> None:
     job = start_job(tmp_path, "train_plain.py", "--epochs", "2", "--step-sleep", "0.15", spares=1)
+    job.wait_spare("n0s0")
     job.wait_for(r'"i": 3,', "rank-1")
     os.kill(job.pid_of("rank-1"), signal.SIGKILL)
     done = _finish(job)
@@ -401,7 +456,9 @@ def test_other_script_styles_ride_through(tmp_path: Path, script: str, args: tup
     if how == "kill":
         os.kill(job.pid_of(f"rank-{rank}"), signal.SIGKILL)
     else:
-        assert job.ask({"cmd": "migrate", "ranks": [int(rank)]})["ok"]
+        job.wait_spare("n0s0")  # a loaded machine may still be warming the spare up
+        reply = job.ask({"cmd": "migrate", "ranks": [int(rank)]})
+        assert reply["ok"], reply
     _same_run(_finish(job), base)
 
 
@@ -513,7 +570,8 @@ def test_ranks_that_neither_report_nor_exit_are_taken_as_hung_and_replaced() -> 
     assert c.op is None  # a peer may still be on its way to the same failure
     now[0] = 6.0
     c.tick()
-    assert keys.get(store, keys.lost(0)) == [1] and c.events[-2]["event"] == "ranks_hung"
+    assert keys.get(store, keys.lost(0)) == [1]
+    assert [e["event"] for e in c.events][-3:] == ["ranks_hung", "recovery_spares_assigned", "recovery_planned"]
     c.tick()
     assert keys.get(store, keys.recover(0))["ranks"] == {"1": "a"}
 

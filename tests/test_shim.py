@@ -11,8 +11,11 @@ import json
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -305,6 +308,46 @@ def test_shutdown_drops_finished_backends_and_keeps_one_a_collective_is_stuck_on
     assert refs[0]() is not None and refs[1]() is None and refs[2]() is None
     group.shutdown()  # again, at exit: harmless
     assert group.local
+
+
+def test_a_backend_whose_collective_failed_is_let_go_before_the_failure_is_reported() -> None:
+    # Its destructor closes its connections: peers blocked on this rank fail at once (see ring_cascade).
+    backends = {0: _Backend(0, 2, fail="Connection closed by peer [127.0.0.1]:1"), 1: _Backend(1, 2)}
+    ref = weakref.ref(backends[0])
+    group = ResilientGroup(rank=0, size=2, backend="gloo", connect=backends.pop, abandoned=lambda gen: False,
+                           on_failure=lambda g, reason: (_wait_gone(ref), g.swap(1)), collective_timeout_s=30.0)
+    group.swap(0)
+    t = torch.ones(2)
+    group.allreduce([t])
+    assert t.tolist() == [2.0, 2.0] and group.generation == 1 and group.replays == 1
+
+
+def _wait_gone(ref: weakref.ref[Any]) -> None:
+    deadline = time.monotonic() + 30
+    while ref() is not None:
+        gc.collect()
+        assert time.monotonic() < deadline, "the failed generation's backend is still referenced"
+        time.sleep(0.01)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_in_a_real_ring_every_survivor_fails_fast_without_the_coordinator(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(FIXTURES / "ring_cascade.py"), str(rank), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(4)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    rows = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in rows) == [0, 1, 2], outs
+    # the collective timeout is 100 s and nobody posts the lost key: only the cascade ends the waits
+    assert all(r["failed_after_s"] < 60 and "failed: " in r["reason"] for r in rows), rows
 
 
 def test_when_the_job_cannot_go_on_the_script_sees_the_error() -> None:

@@ -258,8 +258,8 @@ class Runtime:
         """A spare: wait (registered in the store) until the coordinator gives this process a rank."""
         keys.append(self.store, keys.SPARE_SEQ, keys.spare, {"id": self.cfg.spare_id, "node": self.cfg.node,
                                                               "pid": os.getpid()})
-        while True:
-            plan = keys.poll(self.store, keys.assign(self.cfg.spare_id), timeout_s=3600.0)
+        while True:  # blocks in the store: the assignment wakes the spare the moment it is written
+            plan = keys.wait(self.store, keys.assign(self.cfg.spare_id), timeout_s=3600.0)
             if plan is not None:
                 break
         self.rank = int(plan["rank"])

@@ -107,6 +107,8 @@ class Coordinator:
     """Why the job cannot go on ('' while it can)."""
     failed_at_end: list[str] = field(default_factory=list)
     """Ranks that failed after the training completed (the job's exit status says so)."""
+    alarmed: bool = False
+    """A rank reported a failed collective and no operation handles it yet (the loop ticks faster)."""
     _failing_since: dict[int, float] = field(default_factory=dict)
     _spare_cursor: int = 0
     _max_gen: int = 0
@@ -197,7 +199,8 @@ class Coordinator:
     def tick(self) -> None:
         """Read new spares and failure reports, and advance the operation in flight."""
         self._read_spares()
-        if self.op is None and self.store.add(keys.fail_count(self.generation), 0):
+        self.alarmed = self.op is None and bool(self.store.add(keys.fail_count(self.generation), 0))
+        if self.alarmed:
             self._unexplained_failure()
         if self.op is None and self.queue:
             self.op = self.queue.pop(0)
@@ -214,7 +217,7 @@ class Coordinator:
     def _unexplained_failure(self) -> None:
         if any(s.done for s in self.slots.values()):
             # A replacement ran its loop past the job's end (its loop counter started at its own 0).
-            keys.put(self.store, keys.recover(self.generation), {"kind": "end", "step": -1})
+            keys.post_plan(self.store, self.generation, {"kind": "end", "step": -1})
             self.note("job_ended_under_replacement", generation=self.generation)
             self.generation = self._max_gen = self._max_gen + 1
         elif self.store.add(keys.fail_count(self.generation), 0) >= self.world_size:
@@ -226,6 +229,11 @@ class Coordinator:
             silent = {r for r in range(self.world_size) if not self.store.check([keys.fail(self.generation, r)])}
             self.note("ranks_hung", ranks=sorted(silent), generation=self.generation)
             self.lose(silent)
+
+    @property
+    def busy(self) -> bool:
+        """An operation is in flight or queued, or a failure was reported: the loop should tick fast."""
+        return self.op is not None or bool(self.queue) or self.alarmed
 
     def next_generation(self) -> int:
         """A generation number never used before."""
@@ -271,7 +279,7 @@ class Coordinator:
         if self.restart is not None and self.restart(why):
             self.note("restarted_from_snapshot", why=why)
             return
-        keys.put(self.store, keys.recover(gen), {"kind": "abort", "why": why})
+        keys.post_plan(self.store, gen, {"kind": "abort", "why": why})
         self.failed = why
         self.note("job_failed", why=why)
 

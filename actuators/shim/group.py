@@ -126,7 +126,7 @@ class ResilientGroup(dist.ProcessGroup):
 
     def __init__(self, *, rank: int, size: int, backend: str, connect: Connect,
                  on_failure: Callable[[ResilientGroup, str], None], abandoned: Callable[[int], bool],
-                 collective_timeout_s: float, slice_s: float = 0.5) -> None:
+                 collective_timeout_s: float, slice_s: float = 0.5, first_slice_s: float = 0.02) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # as in LocalGroup
         self.backend = backend
         self.generation = -1
@@ -135,7 +135,8 @@ class ResilientGroup(dist.ProcessGroup):
         self._on_failure = on_failure
         self._abandoned = abandoned
         self._timeout_s = collective_timeout_s
-        self._slice = timedelta(seconds=slice_s)
+        self._slice_s = slice_s
+        self._first_slice_s = min(first_slice_s, slice_s)
         self._inner: Any = None
         self._log: list[_Op] = []
         self._retired: list[Any] = []
@@ -248,22 +249,35 @@ class ResilientGroup(dist.ProcessGroup):
                 reason = str(exc)
 
     def _complete(self, op: _Op) -> None:
-        """Issue ``op`` on the current backend and wait for it in slices; `CollectiveFailed` if it cannot finish."""
+        """Issue ``op`` on the current backend and wait for it in slices; `CollectiveFailed` if it cannot finish.
+
+        The slices start short and double up to ``slice_s``: a collective that waits on a peer the
+        coordinator already knows is lost gives up within ``first_slice_s`` (the usual case: the
+        loss is noticed while the ranks compute), and a long wait on a straggler costs few store
+        round trips.
+        """
         gen, inner = self.generation, self._inner
         try:
             work = op.issue(inner)
         except RuntimeError as exc:
             raise CollectiveFailed(f"{op.name} in generation {gen} could not start: {exc}") from exc
-        started = time.monotonic()
+        started, slice_s = time.monotonic(), self._first_slice_s
         while True:
+            why = ""
             try:
-                work.wait(self._slice)
+                work.wait(timedelta(seconds=slice_s))
                 self.waited_s += time.monotonic() - started
                 return
             except RuntimeError as exc:
                 if not any(s in str(exc) for s in _TIMED_OUT):
-                    self._unfinished.add(id(inner))
-                    raise CollectiveFailed(f"{op.name} in generation {gen} failed: {_first_line(exc)}") from exc
+                    why = _first_line(exc)
+            if why:
+                # The work finished with an error: the backend has nothing in flight. Dropping it now
+                # closes its connections, so peers blocked on this rank (not on the dead one: a ring
+                # all-reduce waits on its neighbour) fail at once instead of waiting for the lost key.
+                work = inner = None
+                self._drop_failed(gen)
+                raise CollectiveFailed(f"{op.name} in generation {gen} failed: {why}")
             waited = time.monotonic() - started
             if self._abandoned(gen):
                 self._unfinished.add(id(inner))
@@ -271,6 +285,29 @@ class ResilientGroup(dist.ProcessGroup):
             if waited > self._timeout_s:
                 self._unfinished.add(id(inner))
                 raise CollectiveFailed(f"{op.name} in generation {gen} stalled for {waited:.0f} s")
+            slice_s = min(slice_s * 2, self._slice_s)
+
+    def _drop_failed(self, gen: int) -> None:
+        """Let go of generation ``gen``'s backend after a failed collective (see `_complete`).
+
+        The last reference goes in a short thread: the backend's destructor joins its workers
+        (tens of milliseconds, without the GIL), and the failure report need not wait for that.
+        """
+        if self.generation != gen or self._inner is None or isinstance(self._inner, _Failed):
+            return
+        holder: list[Any] = [self._inner]
+        self._inner = _Failed(gen)
+        threading.Thread(target=holder.clear, name=f"rt-drop-g{gen}").start()
+
+
+class _Failed:
+    """Stands for a generation's backend dropped after a failure, until the next generation is swapped in."""
+
+    def __init__(self, gen: int) -> None:
+        self.gen = gen
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"generation {self.gen}'s backend was closed after a failed collective")
 
 
 def _copies(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -10,6 +10,8 @@ torchrun's agent would host). Values are small JSON documents; tensors never tra
     fail/<gen>/<rank>      a rank whose collective failed in <gen>, and where it was (fail/<gen>/count: how many)
     lost/<gen>             a member of <gen> is gone: collectives stalled on it give up
     recover/<gen>          the coordinator's plan for leaving <gen> (replace ranks, end, or abort)
+    g<gen>/ready           roll call of the members forming <gen>; g<gen>/wake: set once the roll call
+                           is complete or superseded (members block on it instead of polling)
     ev/seq, ev/<n>         what follower launchers saw (a rank or spare exited), for the coordinator
     req/seq, req/<n>       requests from any node's control socket; req/<n>/reply the answer
     hb/<node>              each launcher's heartbeat (time.time())
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Any, Protocol
 
 GEN = "gen"
@@ -55,6 +58,9 @@ class Store(Protocol):
     def compare_set(self, key: str, expected_value: str, desired_value: str, /) -> bytes:
         """Set ``key`` if it holds ``expected_value`` ('' for unset); the value it holds afterwards."""
         ...
+
+    def wait(self, keys: list[str], timeout: timedelta, /) -> None:
+        """Block until every key is set (the store answers when it is: no polling); raises at ``timeout``."""
 
 
 def ctl(n: int, what: str = "") -> str:
@@ -102,6 +108,17 @@ def ready(gen: int) -> str:
     return f"g{gen}/ready"
 
 
+def wake(gen: int) -> str:
+    """Set when ``gen``'s roll call is complete or superseded by a plan: its members re-check then."""
+    return f"g{gen}/wake"
+
+
+def post_plan(store: Store, gen: int, doc: Any) -> None:
+    """Post the coordinator's plan for leaving ``gen`` and wake whoever is in ``gen``'s roll call."""
+    put(store, recover(gen), doc)
+    store.set(wake(gen), "plan")
+
+
 def group_prefix(gen: int) -> str:
     """The store prefix ``gen``'s process group rendezvouses under."""
     return f"g{gen}/pg/"
@@ -147,6 +164,15 @@ def append(store: Store, seq_key: str, key_of: Any, doc: Any) -> int:
     n = store.add(seq_key, 1) - 1
     put(store, key_of(n), doc)
     return n
+
+
+def wait(store: Store, key: str, *, timeout_s: float) -> Any | None:
+    """The JSON at ``key`` once it is set, blocking in the store (woken as it is set); None at the timeout."""
+    try:
+        store.wait([key], timedelta(seconds=max(timeout_s, 0.001)))
+    except RuntimeError:  # DistStoreError: the timeout (a lost store fails the get below, or the next call)
+        return peek(store, key)
+    return get(store, key)
 
 
 def poll(store: Store, key: str, *, timeout_s: float, interval_s: float = 0.02,

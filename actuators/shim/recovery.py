@@ -20,8 +20,10 @@ into the script: the job cannot go on from here (the launcher may restore a snap
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ridethrough.actuators.shim import keys, state
@@ -47,7 +49,7 @@ class Recovery:
         """Act on migrate command ``n`` at its boundary (see the module docstring)."""
         rt = self._rt
         rt.store.add(keys.ctl(n, "arrived"), 1)
-        decision = keys.poll(rt.store, keys.ctl(n, "decision"), timeout_s=rt.cfg.rendezvous_timeout_s)
+        decision = keys.wait(rt.store, keys.ctl(n, "decision"), timeout_s=rt.cfg.rendezvous_timeout_s)
         if decision != "go":
             log.warning("migration %d not done (%s); staying in generation %d", n, decision or "no decision",
                         rt.group.generation if rt.group else -1)
@@ -66,7 +68,7 @@ class Recovery:
         except Exception as exc:  # the spare died or never came: reported, and this rank stays
             keys.put(rt.store, keys.ctl(n, f"left/{rt.rank}"), {"ok": False, "error": str(exc)[:500]})
             log.error("rank %d could not hand over its state (%s); it stays", rt.rank, exc)
-            keys.poll(rt.store, keys.ctl(n, "final"), timeout_s=rt.cfg.rendezvous_timeout_s)
+            keys.wait(rt.store, keys.ctl(n, "final"), timeout_s=rt.cfg.rendezvous_timeout_s)
             return
         keys.put(rt.store, keys.ctl(n, f"left/{rt.rank}"), {"ok": True, "bytes": sent})
         log.info("rank %d handed over %d bytes at step %d and leaves", rt.rank, sent, rt.tracker.step)
@@ -88,16 +90,22 @@ class Recovery:
 
     def _roll_call(self, gen: int, superseded: str | None) -> dict[str, Any] | None:
         rt = self._rt
-        rt.store.add(keys.ready(gen), 1)
+        if rt.store.add(keys.ready(gen), 1) >= rt.world:
+            rt.store.set(keys.wake(gen), "formed")  # the last member in wakes the others
         deadline = time.monotonic() + rt.cfg.rendezvous_timeout_s
-        while time.monotonic() < deadline:
+        while True:
             if superseded is not None and (plan := keys.peek(rt.store, superseded)) is not None:
                 return dict(plan)
             if (plan := keys.peek(rt.store, keys.recover(gen))) is not None:
                 return dict(plan)
             if rt.store.add(keys.ready(gen), 0) >= rt.world:
                 return None
-            time.sleep(0.01)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Set only once one of the above holds (complete, or a plan posted): no polling.
+            with contextlib.suppress(RuntimeError):  # DistStoreError at the deadline: checked once more above
+                rt.store.wait([keys.wake(gen)], timedelta(seconds=left))
         raise RecoveryFailed(f"generation {gen} did not form within {rt.cfg.rendezvous_timeout_s:g} s "
                              f"({rt.store.add(keys.ready(gen), 0)} of {rt.world} members ready)")
 
@@ -109,7 +117,7 @@ class Recovery:
         keys.put(rt.store, keys.fail(gen, rt.rank), {"step": rt.tracker.step, "phase": "post" if rt.tracker.updated
                                                      else "pre", "reason": reason[:300]})
         rt.store.add(keys.fail_count(gen), 1)
-        plan = keys.poll(rt.store, keys.recover(gen), timeout_s=rt.cfg.recovery_timeout_s)
+        plan = keys.wait(rt.store, keys.recover(gen), timeout_s=rt.cfg.recovery_timeout_s)
         if plan is None:
             raise RecoveryFailed(f"{reason}; no recovery plan came within {rt.cfg.recovery_timeout_s:g} s")
         self.follow(dict(plan))
@@ -140,10 +148,11 @@ class Recovery:
 
     def _donate(self, plan: dict[str, Any]) -> None:
         rt = self._rt
-        captured = state.capture(rt.tracker)
+        packed = state.pack(state.capture(rt.tracker))  # once, whatever the number of ranks to give it to
+        tags = plan.get("tags") or {}  # a rank whose first spare died before the plan has its own tag
         for rank in plan["ranks"]:
             try:
-                state.send(captured, store=rt.store, tag=str(plan["tag"]), rank=int(rank),
-                           timeout_s=rt.cfg.rendezvous_timeout_s)
+                state.send_packed(packed, store=rt.store, tag=str(tags.get(str(rank), plan["tag"])), rank=int(rank),
+                                  timeout_s=rt.cfg.rendezvous_timeout_s)
             except Exception as exc:  # the spare died: the coordinator posts a plan with another one
                 log.error("rank %d could not give rank %s its state: %s", rt.rank, rank, exc)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -175,18 +176,36 @@ def _pair(store: keys.Store, tag: str, rank: int, me: int, timeout_s: float) -> 
     return dist.ProcessGroupGloo(prefix, me, 2, timedelta(seconds=timeout_s))
 
 
-def send(state: dict[str, Any], *, store: keys.Store, tag: str, rank: int, timeout_s: float) -> int:
-    """Send ``state`` to the process taking ``rank`` (`receive` with the same ``tag``); returns bytes sent."""
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A state tree ready to send: its skeleton (JSON) and every tensor's bytes in one buffer."""
+
+    skeleton: str
+    blob: torch.Tensor
+
+
+def pack(state: dict[str, Any]) -> Packed:
+    """Flatten ``state`` once (a copy of its tensors), for one or several `send_packed`."""
     tensors: list[torch.Tensor] = []
-    skeleton = flatten(state, tensors)
-    store.set(keys.xfer_prefix(tag, rank) + "skeleton", json.dumps(skeleton))
+    skeleton = json.dumps(flatten(state, tensors))
     blob = torch.cat([t.cpu().contiguous().reshape(-1).view(torch.uint8) for t in tensors]) if tensors \
         else torch.empty(0, dtype=torch.uint8)
-    store.set(keys.xfer_prefix(tag, rank) + "bytes", str(blob.numel()))
+    return Packed(skeleton, blob)
+
+
+def send(state: dict[str, Any], *, store: keys.Store, tag: str, rank: int, timeout_s: float) -> int:
+    """Send ``state`` to the process taking ``rank`` (`receive` with the same ``tag``); returns bytes sent."""
+    return send_packed(pack(state), store=store, tag=tag, rank=rank, timeout_s=timeout_s)
+
+
+def send_packed(packed: Packed, *, store: keys.Store, tag: str, rank: int, timeout_s: float) -> int:
+    """`send` for a state already packed; returns bytes sent."""
+    store.set(keys.xfer_prefix(tag, rank) + "skeleton", packed.skeleton)
+    store.set(keys.xfer_prefix(tag, rank) + "bytes", str(packed.blob.numel()))
     group = _pair(store, tag, rank, 0, timeout_s)
-    if blob.numel():
-        group.broadcast([blob], _root0()).wait()
-    return int(blob.numel())
+    if packed.blob.numel():
+        group.broadcast([packed.blob], _root0()).wait()
+    return int(packed.blob.numel())
 
 
 def receive(*, store: keys.Store, tag: str, rank: int, timeout_s: float) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from ridethrough.actuators.actions import ActionLog, Status
+from ridethrough.actuators.actions import ActionLog
 from ridethrough.actuators.approvals import ApprovalPoller
 from ridethrough.actuators.approvals_events import EVENT, SERVICE, printable
 from ridethrough.actuators.approvals_table import ApprovalLog, Decision, Verdict
@@ -27,10 +27,12 @@ from ridethrough.exporters.store import Store
 from ridethrough.exporters.store_http import StoreHttpEndpoint
 from ridethrough.settings import GatewayConfig
 from ridethrough.wiring import GatewayRuntime
+from tests import test_approvals
 from tests.conftest import wait_for
 from tests.test_approvals import HOSTILE, Fixes, final, incident, runner
 
 pytestmark = pytest.mark.integration  # a real gateway and store endpoint, on port 0
+waiting = test_approvals.waiting  # the same fixture: a runner holding one action awaiting approval, polled
 TOKEN = "0123456789abcdef" * 4
 """The operators' ingest token on the gateway that requires one (at least 32 characters)."""
 
@@ -66,20 +68,6 @@ def gateway(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     runtime = _gateway(store, tmp_path_factory.mktemp("spool"))
     yield runtime.addresses["otlp"]
     runtime.stop(10)
-
-
-@pytest.fixture
-def waiting(store: Store, request: pytest.FixtureRequest) -> Iterator[tuple[Runner, Fixes, str]]:
-    """A runner holding one action awaiting approval, with an approval poller on it."""
-    plugin = Fixes()
-    r = runner(store, plugin, require_approval=True)
-    [d] = r.consider([incident(request.node.name[:40])])
-    assert d.status is Status.AWAITING_APPROVAL
-    poller = ApprovalPoller(runner=r, log=ApprovalLog(store), interval_s=0.05)
-    poller.start()
-    yield r, plugin, d.action_id
-    poller.stop()
-    r.shutdown(10)
 
 
 def cli(*args: str, user: str = "ops") -> Result:

@@ -76,7 +76,7 @@ class ApprovalPoller:
             self._log.ensure_table()  # an operator may not have decided anything yet: no table
             self._table_ready = True
         passed = []
-        for action_id, decision in sorted(self._log.first_decisions(asked).items()):
+        for action_id, decision in sorted(self._log.first_decisions(asked, plans=waiting).items()):
             if decision.plan_id != waiting[action_id]:
                 log.warning("approval %s names action %s with plan %s, but it waits with plan %s; ignored",
                             decision.decision_id, action_id, decision.plan_id, waiting[action_id])

@@ -212,7 +212,7 @@ class ReroutePlugin:
         if isinstance(client, Result):
             return client
         with self._lock:  # after a runner restart (no apply here): only probes from now on count
-            since_ns = self._applied_ns.get(plan.idempotency_key) or time.time_ns()
+            since_ns = self._applied_ns.pop(plan.idempotency_key, 0) or time.time_ns()  # one verify per apply
         changes, problems, rails = decode_changes(plan.params["changes"]), [], []
         for c in changes:
             got = self._call(client, c.host, "route.get", {"destination": c.destination},

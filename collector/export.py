@@ -170,9 +170,15 @@ class RetryQueue(Generic[Queued]):
     def __len__(self) -> int:
         return len(self._queue)
 
-    def send(self, batch: Queued | None, attempt: Callable[[Queued], bool]) -> bool:
-        """Queue ``batch`` (if any), then send the queue oldest first with ``attempt``; False at the first failure."""
-        with self._lock:
+    def send(self, batch: Queued | None, attempt: Callable[[Queued], bool], *, wait: bool = True) -> bool:
+        """Queue ``batch`` (if any), then send the queue oldest first with ``attempt``; False at the first failure.
+
+        ``wait=False``: when another thread is sending, return False at once instead of waiting for it
+        (that thread drains the queue anyway).
+        """
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             if batch is not None:
                 self._queue.append(batch)
                 self._trim()
@@ -183,6 +189,8 @@ class RetryQueue(Generic[Queued]):
                 self._queue.popleft()
                 self.sent_batches += 1
             return True
+        finally:
+            self._lock.release()
 
     def _trim(self) -> None:
         while len(self._queue) > self._max:

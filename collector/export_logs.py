@@ -45,8 +45,9 @@ class BufferingLogExporter(LogRecordExporter):
         return LogRecordExportResult.SUCCESS if sent else LogRecordExportResult.FAILURE
 
     def retry(self) -> bool:
-        """Send what is queued (nothing new); True when the queue is empty afterwards."""
-        return len(self._queue) == 0 or self._queue.send(None, self._attempt)
+        """Send what is queued (nothing new) unless an export is under way; True when the queue is empty."""
+        # not behind the processor's own export (it may be retrying for its whole timeout): that one drains too
+        return len(self._queue) == 0 or self._queue.send(None, self._attempt, wait=False)
 
     def _attempt(self, batch: LogBatch) -> bool:
         return not self._stopped and self._inner.export(batch) is LogRecordExportResult.SUCCESS

@@ -245,18 +245,22 @@ class Lab(LabBase):
             if info.get("link") == link and not info.get("stopped"):
                 self.stop_load(handle)
         lossy = any(k == f"link:{link}/loss" for k in self.state().get("faults", {}))
+        loss_errors: list[str] = []
         for node in (lk.lower, lk.upper):
             h = self.handle(node)
             h.clear_qdisc(lk.ifname(node))
             h.set_mtu(lk.ifname(node), DEFAULT_MTU)
-            if lossy:
-                nft.clear_loss(self._node_ns(node), lk.ifname(node))
-            elif nft.available():  # a rule the state missed (a crash in between); never fail a plain restore on it
-                with contextlib.suppress(LabError):
+            if lossy or nft.available():  # the latter: a rule the state missed (a crash in between)
+                try:
                     nft.clear_loss(self._node_ns(node), lk.ifname(node))
+                except LabError as exc:  # finish the restore first; a recorded loss left behind is said after
+                    if lossy:
+                        loss_errors.append(f"{node}: {exc}")
         self.set_link(link, up=True)
         self.sf.update(lambda st: [st.get("faults", {}).pop(k) for k in list(st.get("faults", {}))
-                                   if k.startswith(f"link:{link}/")])
+                                   if k.startswith(f"link:{link}/") and not (loss_errors and k.endswith("/loss"))])
+        if loss_errors:
+            raise LabError(f"{link} restored but its packet loss was not removed: {'; '.join(loss_errors)}")
 
     @_as_lab_error
     def set_mtu(self, link: str, *, end: str, mtu: int) -> None:

@@ -303,3 +303,16 @@ def test_the_built_controller_acts_once_an_operator_approves(store: Store, dsn: 
     finally:
         parts.stop()
     assert plugin.calls == ["apply", "verify"] and final(store, action) == ("succeeded", "verified")
+
+
+def test_a_backdated_decision_on_another_plan_neither_wins_nor_hides_the_real_one(store: Store, dsn: str,
+                                                                                waiting) -> None:
+    r, _, action = waiting
+    plan = r.awaiting_approval()[action]
+    approvals = ApprovalLog(store)
+    approvals.ensure_table()
+    approvals.write(Decision("forged01", action, "not-" + plan, "c1", Verdict.DENY, "mallory", "x", 1))
+    done = cli(dsn, "approve", action, "--by", "alice")  # the forged record is no answer: the CLI still decides
+    assert done.exit_code == 0, done.output
+    wait_for(lambda: final(store, action)[0] == "succeeded", timeout_s=30, what="the real approval to apply")
+    assert ApprovalLog(store).first_decisions([action], plans={action: plan})[action].operator == "alice"

@@ -293,10 +293,12 @@ class ResilientGroup(dist.ProcessGroup):
         The last reference goes in a short thread: the backend's destructor joins its workers
         (tens of milliseconds, without the GIL), and the failure report need not wait for that.
         """
-        if self.generation != gen or self._inner is None or isinstance(self._inner, _Failed):
-            return
-        holder: list[Any] = [self._inner]
-        self._inner = _Failed(gen)
+        with self._lock:  # against a swap or shutdown from another thread
+            if self.generation != gen or self._inner is None or isinstance(self._inner, _Failed):
+                return
+            holder: list[Any] = [self._inner]
+            self._inner = _Failed(gen)
+        # not a daemon: the interpreter joins it before finalising (a backend destroyed then aborts the process)
         threading.Thread(target=holder.clear, name=f"rt-drop-g{gen}").start()
 
 

@@ -105,6 +105,7 @@ class Pipeline:
     def __init__(self, *, store: Store, spool: Spool, limits: Limits, policy: BatchPolicy,
                  metrics: GatewayMetrics) -> None:
         self.store = store
+        self._store_lock = threading.Lock()  # held while a batch is written: a swap waits for it
         self.spool = spool
         self.limits = limits
         self.policy = policy
@@ -196,7 +197,8 @@ class Pipeline:
         if not self._store_down:
             started = time.perf_counter()
             try:
-                write_batch(self.store, rows, token, self.metrics)
+                with self._store_lock:
+                    write_batch(self.store, rows, token, self.metrics)
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
                 self._notify(rows)
                 return None
@@ -229,6 +231,14 @@ class Pipeline:
         self.metrics.spool_bytes.set(self.spool.bytes_used)
         self.metrics.spool_files.set(len(self.spool.pending()))
 
+    def swap_store(self, store: Store) -> Store:
+        """Write to ``store`` from now on; returns the old one, which no batch is being written to any more
+        (closing a store, an embedded one above all, while a thread writes to it can hang both)."""
+        with self._store_lock:
+            old, self.store = self.store, store
+        self.wake_replayer()
+        return old
+
     def wake_replayer(self) -> None:
         """Try the spool again now (the store may be back)."""
         self._store_down = False
@@ -250,7 +260,8 @@ class Pipeline:
 
     def _replay(self, batch: SpooledBatch) -> bool:
         try:
-            write_batch(self.store, rebuild(batch.requests, self.limits), batch.token, self.metrics)
+            with self._store_lock:
+                write_batch(self.store, rebuild(batch.requests, self.limits), batch.token, self.metrics)
         except StoreUnavailable as exc:
             log.info("replay of %s deferred: %s", batch.path.name, exc)
             self._store_down = True

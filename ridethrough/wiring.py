@@ -156,8 +156,7 @@ class GatewayRuntime:
         old, self.store = self.store, store
         self._init_schema()
         if self._pipeline is not None:
-            self._pipeline.store = store
-            self._pipeline.wake_replayer()
+            old = self._pipeline.swap_store(store)  # once no batch is being written to the old one
         old.close()
 
     def stop(self, timeout_s: float = 10.0) -> None:

@@ -206,7 +206,7 @@ def test_store_unreachable_for_60_s_spools_then_replays_exactly_once(spawn, tmp_
     with Stream(addresses["otlp"], service="outage") as stream:
         stream.waits_for(30)
         gw.reload(f"http://127.0.0.1:{_closed_port()}/")
-        wait_for(lambda: gw.metrics().get("ridethrough_gateway_spooled_batches_total", 0) > 0, timeout_s=30,
+        wait_for(lambda: gw.metrics().get("ridethrough_gateway_spooled_batches_total", 0) > 0, timeout_s=90,
                  what="batches spooled")
         during = stream.acked
         time.sleep(OUTAGE_S)

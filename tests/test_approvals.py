@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -31,9 +30,9 @@ from ridethrough.detectors.contract import EntityType, Finding, FindingKind, Sev
 from ridethrough.detectors.controller import ControllerMetrics
 from ridethrough.detectors.incidents import Incident, State, new_trace_id
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
-from ridethrough.exporters.schema import Table
 from ridethrough.exporters.store import Store
 from ridethrough.settings import ActuatorConfig, ControllerConfig
+from tests import test_actuator_runner as runner_tests
 from tests.conftest import wait_for
 
 S = 1_000_000_000
@@ -47,18 +46,8 @@ def dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"chdb://{tmp_path_factory.mktemp('approvals') / 'store'}"
 
 
-class TappedStore(Store):
-    """The real store, remembering every ``actions`` row it took (merges may drop old versions)."""
-
-    def __init__(self, dsn: str) -> None:
-        super().__init__(dsn)
-        self.action_rows: list[dict[str, Any]] = []
-
-    def insert_columns(self, table: Table, columns: Sequence[Sequence[Any]], *, token: str) -> None:
-        super().insert_columns(table, columns, token=token)
-        if table.name == "actions":
-            rows = zip(*columns, strict=True)
-            self.action_rows += [dict(zip(table.insert_columns, row, strict=True)) for row in rows]
+class TappedStore(runner_tests.TappedStore):
+    """The runner tests' tapped store, reading back the (status, reason) versions of one action."""
 
     def reasons(self, action_id: str) -> list[tuple[str, str]]:
         """Every version written for the action, in order: (status, reason)."""

@@ -9,6 +9,7 @@ Needs root and network namespaces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -48,14 +49,21 @@ QUIET = {"RIDETHROUGH_CONTROLLER_ENABLED": "false", "RIDETHROUGH_AGENT_REFLEX": 
 LINK = "leaf0r1-spine0"
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
+@contextlib.contextmanager
+def quiet_lab(prefix: str, **up: Any) -> Iterator[Lab]:
+    """Two racks of one host each, with neither the controller nor the reflex acting on their own."""
     with pytest.MonkeyPatch.context() as env:  # the supervisor, hence the server and the agents, inherit it
         for k, v in QUIET.items():
             env.setenv(k, v)
         with Lab.up(TopologySpec(hosts=2, racks=2, rails=2, spines=2, gpus=0),
-                    name=f"trc{os.getpid() % 100000}") as running:
+                    name=f"{prefix}{os.getpid() % 100000}", **up) as running:
             yield running
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with quiet_lab("trc") as running:
+        yield running
 
 
 def controller(lab: Lab) -> tuple[ControlClient, AgentTargets]:

@@ -12,7 +12,6 @@ back. Needs root and network namespaces.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +32,8 @@ from ridethrough.lab import netns
 from ridethrough.lab.fabric import Lab
 from ridethrough.lab.pathwalk import Walker
 from ridethrough.lab.supervisor import REFLEX_PEERS_FILE
-from ridethrough.lab.topology import TopologySpec
 from tests.conftest import wait_for
-from tests.test_reroute_central_lab import QUIET, NoIncidents, agents_answer, central_routes, controller, moved, run
+from tests.test_reroute_central_lab import NoIncidents, agents_answer, central_routes, controller, moved, quiet_lab, run
 
 REASON = netns.unavailable_reason()
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -44,12 +42,8 @@ LINK = "leaf0r1-spine0"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    with pytest.MonkeyPatch.context() as env:  # the supervisor, hence the server and the agents, inherit it
-        for k, v in QUIET.items():
-            env.setenv(k, v)
-        with Lab.up(TopologySpec(hosts=2, racks=2, rails=2, spines=2, gpus=0),
-                    name=f"trv{os.getpid() % 100000}", timeout_s=180) as running:
-            yield running
+    with quiet_lab("trv", timeout_s=180) as running:
+        yield running
 
 
 def probes_stored(store: Store, cluster: str) -> bool:

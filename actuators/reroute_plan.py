@@ -30,7 +30,8 @@ _FORWARD = re.compile(r"(?P<src>[^/\s>]+)/(?P<nic>[^/\s>]+)->(?P<dst>[^/\s>]+)/(
 
 @dataclass(frozen=True, slots=True, order=True)
 class HostChange:
-    """On ``host``: send traffic for ``destination`` (a /32) out of ``keep`` only, never out of ``avoid``."""
+    """On ``host`` (a host, or a leaf switch for a drain): send traffic for ``destination`` (a host's /32, or
+    the prefix behind the leaf ``peer``) out of ``keep`` only, never out of ``avoid``."""
 
     host: str
     peer: str
@@ -59,6 +60,7 @@ class AvoidPlan:
     link: str
     changes: tuple[HostChange, ...] = ()
     removed_paths: frozenset[str] = frozenset()
+    """The routes (`RouteMap.route_ids`) the changes take out of use."""
     refusal: str = ""
     """Non-empty: no plan (the last-path rule, or nothing known about the link)."""
 
@@ -107,7 +109,7 @@ def by_host(changes: Sequence[HostChange]) -> dict[str, list[HostChange]]:
 
 def describe(changes: Sequence[HostChange]) -> tuple[str, ...]:
     """One plan step per host, sorted: ``on h0: route h2, h3 off nic1``."""
-    return tuple(f"on {host}: route {', '.join(c.peer for c in group)} off "
+    return tuple(f"on {host}: route {', '.join(dict.fromkeys(c.peer for c in group))} off "
                  f"{', '.join(sorted({n for c in group for n in c.avoid}))}"
                  for host, group in sorted(by_host(changes).items()))
 
@@ -128,8 +130,10 @@ def plan_avoid(fmap: RouteMap, link: str, addresses: Mapping[str, str]) -> Avoid
         nics.setdefault(pair, set()).add(m["nic"])
         if any(link in route for route in fmap.routes(pid)):
             bad.setdefault(pair, set()).add(m["nic"])
-            # the same packets, seen from the other end's probe
-            removed |= {pid, path_id(m["dst"], m["dnic"], m["src"], m["nic"], "reverse")}
+            # every route of the path and of the same packets seen from the other end's probe: a host that
+            # moves a pair off a NIC loses all of that path's routes, not only those over the link
+            for gone in (pid, path_id(m["dst"], m["dnic"], m["src"], m["nic"], "reverse")):
+                removed.update(fmap.route_ids(gone))
     if not bad:
         return AvoidPlan(link, refusal=f"no known path crosses {link}: nothing to move")
     changes: list[HostChange] = []
@@ -142,4 +146,4 @@ def plan_avoid(fmap: RouteMap, link: str, addresses: Mapping[str, str]) -> Avoid
             return AvoidPlan(link, refusal=f"the stable address of {dst} is unknown; cannot route {src}'s traffic "
                                            f"to it off {link}")
         changes.append(HostChange(src, dst, f"{addresses[dst]}/32", tuple(sorted(avoid)), tuple(sorted(keep))))
-    return AvoidPlan(link, tuple(changes), frozenset(removed & set(fmap.path_ids())))
+    return AvoidPlan(link, tuple(changes), frozenset(removed))

@@ -1,15 +1,21 @@
 """The ``reroute`` actuator plugin: take every path off a bad link, from the controller, through the agents.
 
-    incident link_down leaf0r1-spine0  ->  plan: on each host whose traffic may cross it, route each
-                                           affected peer's stable address (/32) out of the other NICs
-                                           (`ridethrough.actuators.reroute_plan`; never the last path)
+    incident link_down leaf0r1-spine0  ->  plan: with a switch map, drain it at the leaves: each ingress
+                                           leaf routes the prefixes behind the far leaf off that uplink
+                                           (`ridethrough.actuators.reroute_drain`: the pairs keep their
+                                           rail); else, or for a host link, on each host whose traffic may
+                                           cross it, route each affected peer's stable address (/32) out of
+                                           the other NICs (`ridethrough.actuators.reroute_plan`); never
+                                           the last path
     apply    ->  per host (a step span), per destination: the agent's signed ``route.get`` (the host's
                  own route beneath, with its gateways) then ``route.set`` of that route less the NICs
-                 to avoid, at metric `CENTRAL_METRIC`; each call is a child step carrying ``traceparent``
+                 (or uplinks) to avoid, at metric `CENTRAL_METRIC`; each call is a child step carrying
+                 ``traceparent``. A leaf is called like a host: it runs the same control plane
     verify   ->  ``route.get`` again: our route is there, the kernel sends the peer's traffic out of
                  at least one NIC and out of none that reaches the link; then, with the controller's
                  store (`use_store`), the agents' probes since the apply: every pair gets through on
-                 each rail it now uses, and none of those rails crosses the link
+                 each rail it now uses, and none of those rails crosses the link; for a drain, every
+                 probed direction that crossed the link gets through again over the routes left
                  (`ridethrough.actuators.reroute_verify`)
     rollback ->  ``route.restore`` with the route ``route.set`` replaced, passed back explicitly (so an
                  agent restarted meanwhile still restores it; after a controller restart, the agent's
@@ -38,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ridethrough.actuators.commands import format_hops, parse_hops
 from ridethrough.actuators.contract import Deadline, FleetState, Plan, Result
 from ridethrough.actuators.control_client import ControlCallError, Reply
+from ridethrough.actuators.reroute_drain import decode_flows, encode_flows, flow_rails, plan_drain
 from ridethrough.actuators.reroute_plan import (
     AddressFile,
     HostChange,
@@ -48,6 +55,7 @@ from ridethrough.actuators.reroute_plan import (
     plan_avoid,
 )
 from ridethrough.actuators.reroute_verify import PairRails, ProbeVerifier, ProbeVerifyConfig, route_problems, used_nics
+from ridethrough.actuators.switch_map import SwitchFile, SwitchMap
 from ridethrough.actuators.tracing import step
 from ridethrough.detectors.controller import read_only_query
 from ridethrough.detectors.fabric_map import RouteFile, RouteMap
@@ -82,6 +90,8 @@ class RerouteConfig:
     """The fabric map (`RouteMap` JSON); empty: the plugin plans nothing."""
     addresses_file: str = ""
     """Each host's stable address, JSON ``{node: "ip"}`` (the agents' reflex peers file)."""
+    switches_file: str = ""
+    """The leaves' prefixes and uplink ports (`ridethrough.actuators.switch_map`); empty: hosts only."""
     agent_target: str = "{node}:7450"
     targets_file: str = ""
     """JSON ``{node: "HOST:PORT"}`` of the agents (`control_client.AgentTargets`); else ``agent_target``."""
@@ -92,11 +102,13 @@ class RerouteConfig:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> RerouteConfig:
         """``RIDETHROUGH_REROUTE_FABRIC_MAP_FILE`` (else the controller's ``..._CONTROLLER_FABRIC_MAP_FILE``),
-        ``RIDETHROUGH_REROUTE_ADDRESSES_FILE``, ``RIDETHROUGH_REROUTE_AGENT_TARGET``,
+        ``RIDETHROUGH_REROUTE_ADDRESSES_FILE``, ``RIDETHROUGH_REROUTE_SWITCHES_FILE``,
+        ``RIDETHROUGH_REROUTE_AGENT_TARGET``,
         ``RIDETHROUGH_CONTROL_TARGETS_FILE`` and the ``RIDETHROUGH_REROUTE_PROBE_*`` of `ProbeVerifyConfig`."""
         return cls(fabric_map_file=environ.get("RIDETHROUGH_REROUTE_FABRIC_MAP_FILE")
                    or environ.get("RIDETHROUGH_CONTROLLER_FABRIC_MAP_FILE", ""),
                    addresses_file=environ.get("RIDETHROUGH_REROUTE_ADDRESSES_FILE", ""),
+                   switches_file=environ.get("RIDETHROUGH_REROUTE_SWITCHES_FILE", ""),
                    agent_target=environ.get("RIDETHROUGH_REROUTE_AGENT_TARGET") or "{node}:7450",
                    targets_file=environ.get("RIDETHROUGH_CONTROL_TARGETS_FILE", ""),
                    probes=ProbeVerifyConfig.from_environ(environ))
@@ -111,7 +123,8 @@ class ReroutePlugin:
                  target: Callable[[str], str] | None = None,
                  build_client: Callable[[RerouteConfig], tuple[Client, Callable[[str], str]]] | None = None,
                  fabric: Callable[[], RouteMap] | None = None,
-                 addresses: Callable[[], Mapping[str, str]] | None = None, probes: ProbeVerifier | None = None) -> None:
+                 addresses: Callable[[], Mapping[str, str]] | None = None, probes: ProbeVerifier | None = None,
+                 switches: Callable[[], SwitchMap | None] | None = None) -> None:
         self._config = config or RerouteConfig()
         self._client = client
         self._target = target or (lambda node: self._config.agent_target.format(node=node))
@@ -119,6 +132,8 @@ class ReroutePlugin:
         self._fabric = fabric
         self._addresses = addresses or (AddressFile(self._config.addresses_file) if self._config.addresses_file
                                         else dict)
+        self._switches = switches or (SwitchFile(self._config.switches_file) if self._config.switches_file
+                                      else lambda: None)
         self._set: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plan, host, destination) -> route.set data
         self._applied_ns: dict[str, int] = {}  # plan -> wall clock when its routes were all set
         self._probes = probes
@@ -141,9 +156,22 @@ class ReroutePlugin:
             self._explain(incident, "no fabric map (RIDETHROUGH_REROUTE_FABRIC_MAP_FILE): cannot tell which "
                                     "hosts' traffic crosses the link")
             return None
+        switches, drain_refusal = self._switches(), ""
+        if switches is not None and switches.leaf_of(incident.entity) is not None:
+            drain = plan_drain(fmap, incident.entity, switches)
+            if not drain.refusal:
+                return Plan.for_incident(
+                    NAME, incident,
+                    steps=(*describe(drain.changes), "read every route back; check every crossing pair gets through"),
+                    summary=f"drain {incident.entity} ({incident.kind}) at the leaves: {len(drain.changes)} prefixes "
+                            f"on {len(by_host(drain.changes))} leaves",
+                    params={"link": incident.entity, "at": "leaves", "changes": encode_changes(drain.changes),
+                            "flows": encode_flows(drain.flows)},
+                    removes_paths=drain.removed_paths)
+            drain_refusal = f"leaves: {drain.refusal}; hosts: "
         avoid = plan_avoid(fmap, incident.entity, self._addresses())
         if avoid.refusal:
-            self._explain(incident, avoid.refusal)
+            self._explain(incident, drain_refusal + avoid.refusal)
             return None
         return Plan.for_incident(
             NAME, incident, steps=(*describe(avoid.changes), "read every route back; check every pair keeps a path"),
@@ -182,7 +210,8 @@ class ReroutePlugin:
                         return done
         with self._lock:
             self._applied_ns[plan.idempotency_key] = time.time_ns()  # probes older than this say nothing of it
-        return Result.success(f"{len(changes)} routes on {len(by_host(changes))} hosts now avoid {link}",
+        nodes = "leaves" if plan.params.get("at") == "leaves" else "hosts"
+        return Result.success(f"{len(changes)} routes on {len(by_host(changes))} {nodes} now avoid {link}",
                               routes_s=time.monotonic() - t0)
 
     def _set_one(self, client: Client, plan: Plan, c: HostChange, deadline: Deadline) -> Result:
@@ -213,6 +242,7 @@ class ReroutePlugin:
             return client
         with self._lock:  # after a runner restart (no apply here): only probes from now on count
             since_ns = self._applied_ns.pop(plan.idempotency_key, 0) or time.time_ns()  # one verify per apply
+        since_ns += round(self._config.probes.settle_s * 1e9)
         changes, problems, rails = decode_changes(plan.params["changes"]), [], []
         for c in changes:
             got = self._call(client, c.host, "route.get", {"destination": c.destination},
@@ -221,15 +251,17 @@ class ReroutePlugin:
                 return got
             problems += route_problems(c, got.data)
             rails.append(PairRails(c.host, c.peer, used_nics(got.data)))
-        link = plan.params["link"]
+        link, drained = plan.params["link"], plan.params.get("at") == "leaves"
         if problems:
             return Result.failure(f"{len(problems)} of {len(changes)} routes wrong: {'; '.join(problems[:5])}")
-        routes = f"{len(changes)} routes read back: none leaves through {link}'s NICs"
+        routes = f"{len(changes)} routes read back: none leaves through {link}'s {'uplinks' if drained else 'NICs'}"
         if self._probes is None:
             return Result.success(f"{routes}, every pair keeps a path")
         fmap = self._route_map()
         if fmap is None:  # a plan taken over after a restart whose map is gone: the probes' paths are unknown
             return Result.failure(f"{routes}; probes: no fabric map to tell which rails cross {link}")
+        if drained:  # the pairs keep their rails; what must change is which routes those rails may take
+            rails, fmap = flow_rails(decode_flows(plan.params["flows"])), fmap.without(link)
         probed = self._probes.verify(link=link, pairs=rails, routes=fmap, since_ns=since_ns, cluster=plan.cluster,
                                      deadline=deadline)
         return Result(probed.ok, f"{routes}; {probed.detail}", probed.timings_s)

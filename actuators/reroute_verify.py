@@ -12,7 +12,10 @@ After ``apply`` the ``reroute`` plugin checks each changed (host, peer) pair twi
    reverse direction is the same packets) must:
 
    * still get through: at least ``min_probes`` probes settled (answered or lost) *since the
-     apply*, at most ``max_loss_ratio`` of them lost, and neither prober reporting the path
+     apply* (from ``settle_s`` after it: probes sent before it over the old route are still being
+     declared lost), their loss not significantly above ``max_loss_ratio`` (a one-sided binomial
+     test at ``loss_alpha``: one probe of 17 lost is noise on a busy host, 12 of 24 is not), and
+     neither prober reporting the path
      suspended (it stops probing a path that loses ten in a row, and retries it slowly). Counters
      are read as increases between points newer than the apply instant, so nothing sent before
      the change counts;
@@ -29,6 +32,7 @@ path over the link fail at once: waiting would not change them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,19 +62,27 @@ class ProbeVerifyConfig:
     enabled: bool = True
     """Off: the route readback alone decides (as without a store)."""
     max_loss_ratio: float = 0.05
-    """Most probes lost, of those settled since the apply, on a rail the pair now uses."""
+    """Loss a rail the pair now uses may have, of the probes settled since the apply (judged by `loss_alpha`)."""
+    loss_alpha: float = 0.01
+    """A rail fails when its loss would be this unlikely were its true loss ``max_loss_ratio``: a healthy rail
+    under a loaded prober loses a probe now and then, and a handful of probes cannot tell 6 % from 3 %."""
     min_probes: int = 4
     """Settled probes since the apply a rail needs before it is judged (two collections of a healthy prober)."""
     poll_s: float = 1.0
     """Between reads of the store while evidence is missing."""
     margin_s: float = 1.0
     """The verify answers this long before its deadline (the runner would otherwise call it timed out)."""
+    settle_s: float = 2.0
+    """Probes counted only from this long after the apply: a probe sent just before it over the old route is
+    declared lost up to the prober's timeout (1 s) later, and would be blamed on the new one."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_loss_ratio < 1.0:
             raise ValueError(f"reroute probe verify: max_loss_ratio {self.max_loss_ratio} must be in [0, 1)")
-        if self.min_probes < 1 or self.poll_s <= 0 or self.margin_s < 0:
-            raise ValueError("reroute probe verify: min_probes must be >= 1, poll_s > 0 and margin_s >= 0")
+        if not 0.0 < self.loss_alpha < 0.5:
+            raise ValueError(f"reroute probe verify: loss_alpha {self.loss_alpha} must be in (0, 0.5)")
+        if self.min_probes < 1 or self.poll_s <= 0 or self.margin_s < 0 or self.settle_s < 0:
+            raise ValueError("reroute probe verify: min_probes must be >= 1, poll_s > 0, margin_s and settle_s >= 0")
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> ProbeVerifyConfig:
@@ -221,7 +233,8 @@ class ProbeVerifier:
                 elif ev.suspended:
                     failed.append(f"{where}: its probes go unanswered (the prober suspended the path since the "
                                   "apply)")
-                elif done >= self.config.min_probes and ev.lost / done > self.config.max_loss_ratio:
+                elif done >= self.config.min_probes and too_lossy(ev.lost, done, self.config.max_loss_ratio,
+                                                                  self.config.loss_alpha):
                     failed.append(f"{where}: {ev.lost / done:.0%} of {done:.0f} probes lost since the apply")
                 elif done < self.config.min_probes:
                     waiting.append(f"{where}: {_missing(ev, self.config.min_probes)}")
@@ -256,6 +269,21 @@ def _rails_of(row: Mapping[str, Any]) -> Iterable[tuple[tuple[str, str, str], st
     src, nic, dst, dnic = (str(row[a]) for a in sql.PROBE_PATH)
     yield (src, dst, nic), path_id(src, nic, dst, dnic, "forward")
     yield (dst, src, dnic), path_id(src, nic, dst, dnic, "reverse")
+
+
+def too_lossy(lost: float, settled: float, ratio: float, alpha: float) -> bool:
+    """Whether ``lost`` of ``settled`` probes is significantly more than ``ratio`` would lose: the chance of
+    losing that many or more, were each lost with probability ``ratio``, is below ``alpha`` (binomial tail)."""
+    n, k = round(settled), round(lost)
+    if k <= ratio * n:
+        return False
+    if ratio == 0.0:
+        return k > 0
+    # P(X >= k) for X ~ Binomial(n, ratio), summed in log space (n may be thousands of probes)
+    log_p, log_q, log_n = math.log(ratio), math.log1p(-ratio), math.lgamma(n + 1)
+    tail = sum(math.exp(log_n - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q)
+               for i in range(k, n + 1))
+    return tail < alpha
 
 
 def _crosses(routes: RouteMap, pid: str, link: str) -> bool:

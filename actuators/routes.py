@@ -114,18 +114,30 @@ class RouteTable(Protocol):
 
 
 class NetlinkSocket:
-    """One rtnetlink socket of this network namespace, opened on first use, and a lock for its users."""
+    """One rtnetlink socket, opened on first use, and a lock for its users.
 
-    def __init__(self) -> None:
+    The socket is in the network namespace this process runs in, or, with ``netns``, in that named
+    namespace (``ip netns`` name; it must exist: none is created): a process in the root namespace
+    then reads and writes, say, a lab switch's routes.
+    """
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.netns = netns
         self._ipr: Any = None
         self._lock = threading.Lock()
 
     def _nl(self) -> Any:
         if self._ipr is None:
-            self._ipr = IPRoute()
+            # flags=0: never create the namespace (pyroute2 would, by default, and leave it behind)
+            self._ipr = IPRoute() if self.netns is None else IPRoute(netns=self.netns, flags=0)
             # pyroute2 0.9.7's sync IPRoute never sets this key, which its own nlm_request reads.
             self._ipr.asyncore.status.setdefault("nlm_generator", False)
         return self._ipr
+
+    def open(self) -> None:
+        """Open the socket now rather than on first use (a namespace that is not there fails here, with OSError)."""
+        with self._lock:
+            self._nl()
 
     def _link_names(self) -> dict[int, str]:
         return {int(m["index"]): str(m.get_attr("IFLA_IFNAME")) for m in self._nl().get_links()}

@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from ridethrough.dashboards.pages_common import LEVEL_COLOURS, natural_key, styled
-from ridethrough.detectors.fabric_map import RouteMap
+from ridethrough.detectors.fabric_map import RouteMap, parse_path_id
 
 ERROR_RATE_WARN = 1e-3
 """Errors per second on a link's NICs above which the link is amber (a few an hour is background)."""
@@ -37,10 +37,16 @@ def _ends(link: str) -> tuple[str, str] | None:
 
 
 def topology(fmap: RouteMap) -> Topology:
-    """The drawable topology of a fabric map (tier 0 hosts, 1 NICs, 2 the switches NICs are cabled to, 3+ above)."""
+    """The drawable topology of a fabric map (tier 0 hosts, 1 NICs, 2 the switches NICs are cabled to, 3+ above).
+
+    The map cables switch ports too (``leaf0r0/spine0``): the hosts are the ends of its path ids (the
+    nodes that probe), and a link's ports, host or switch, all count towards its state.
+    """
     doc = fmap.to_json()
     nic_link: dict[str, str] = doc.get("nics", {})
-    cabled = {link for link in nic_link.values()}
+    hosts = ({node for pid in doc["routes"] for node in parse_path_id(pid)[0:3:2]}  # sources and destinations
+             or {nic.partition("/")[0] for nic in nic_link})
+    cabled = {link for nic, link in nic_link.items() if nic.partition("/")[0] in hosts}
     fabric_links = {link for routes in doc["routes"].values() for route in routes for link in route} - cabled
     tier: dict[str, int] = {}
     kind: dict[str, str] = {}
@@ -51,7 +57,7 @@ def topology(fmap: RouteMap) -> Topology:
         link_nics.setdefault(link, []).append(nic)
         ends = _ends(link)
         host = nic.partition("/")[0]
-        if ends is None or len(link_nics[link]) > 1:
+        if ends is None or host not in hosts or link in links:
             continue
         switch = ends[1] if ends[0] == host else ends[0]
         tier[host], kind[host] = 0, "host"

@@ -24,12 +24,26 @@ log = logging.getLogger(__name__)
 
 Route = tuple[str, ...]
 """The links a packet crosses, in order."""
-_PATH_ID = re.compile(r"[^/\s>]+/[^/\s>]+->[^/\s>]+/[^/\s:]+:(forward|reverse)")
+_PATH_ID = re.compile(r"(?P<src>[^/\s>]+)/(?P<nic>[^/\s>]+)->(?P<dst>[^/\s>]+)/(?P<dnic>[^/\s:]+):"
+                      r"(?P<direction>forward|reverse)")
 
 
 def path_id(src: str, src_nic: str, dst: str, dst_nic: str, direction: str) -> str:
     """``h0/nic0->h5/nic0:forward``: one direction of the path ``src``'s prober probes."""
     return f"{src}/{src_nic}->{dst}/{dst_nic}:{direction}"
+
+
+def parse_path_id(path: str) -> tuple[str, str, str, str, str]:
+    """``(src, src_nic, dst, dst_nic, direction)`` of a path id; ValueError if it is not one."""
+    m = _PATH_ID.fullmatch(path)
+    if m is None:
+        raise ValueError(f"not a path id (SRC/NIC->DST/NIC:forward|reverse): {path!r}")
+    return m["src"], m["nic"], m["dst"], m["dnic"], m["direction"]
+
+
+def route_id(path: str, index: int) -> str:
+    """The id of one of a path's routes: ``PATH#INDEX`` (its place in the map's list for the path)."""
+    return f"{path}#{index}"
 
 
 class _Named(Protocol):
@@ -42,6 +56,16 @@ class _Spec(Protocol):
     def rails(self) -> int: ...
 
 
+class _Cable(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def lower(self) -> str: ...
+    @property
+    def upper(self) -> str: ...
+    def ifname(self, node: str) -> str: ...
+
+
 class Fabric(Protocol):
     """What `RouteMap.from_fabric` needs of a fabric (`ridethrough.lab.topology.Topology` has it)."""
 
@@ -49,6 +73,8 @@ class Fabric(Protocol):
     def hosts(self) -> list[str]: ...
     @property
     def spec(self) -> _Spec: ...
+    @property
+    def links(self) -> Sequence[_Cable]: ...
     def nic_link(self, host: str, nic: str) -> _Named: ...
     def paths(self, src: str, dst: str) -> list[Route]: ...
 
@@ -84,6 +110,19 @@ class RouteMap:
     def path_ids(self) -> list[str]:
         """Every path id the map knows, sorted."""
         return sorted(self._routes)
+
+    def route_ids(self, path: str, *, crossing: str = "") -> list[str]:
+        """One id per route of ``path`` (`route_id`), only those crossing the link ``crossing`` if given.
+
+        The actuators' blast radius counts these: a host rerouting a pair loses every route of its
+        path, a leaf draining one uplink only the routes over it.
+        """
+        return [route_id(path, i) for i, route in enumerate(self.routes(path)) if not crossing or crossing in route]
+
+    def without(self, link: str) -> RouteMap:
+        """The map once no route crosses ``link`` (a drained link): paths left with no route are dropped."""
+        routes = {pid: [r for r in alternatives if link not in r] for pid, alternatives in self._routes.items()}
+        return RouteMap({pid: r for pid, r in routes.items() if r}, self._nics)
 
     def link_of(self, nic: str) -> str | None:
         """The link a NIC (``h2/nic1``, ``h2/mlx5_1``) is cabled to; None when the map does not say."""
@@ -122,11 +161,17 @@ class RouteMap:
 
         A cross-rack path gets one route per spine (ECMP), since the design cannot say which.
         ``nic{r}`` of each host maps to its link, and so do the names ``aliases(r)`` gives (the
-        RDMA device of the same port, e.g. ``mlx5_{r}``).
+        RDMA device of the same port, e.g. ``mlx5_{r}``). So does every switch port, by its
+        interface name on the switch (``leaf0r0/spine0`` and ``spine0/leaf0r0`` → ``leaf0r0-spine0``,
+        ``leaf0r0/h0`` → ``h0-leaf0r0``): switches export their port counters as hosts do.
         """
         nics = [f"nic{r}" for r in range(fabric.spec.rails)]
-        cabling = {f"{host}/{name}": fabric.nic_link(host, f"nic{r}").name
-                   for host in fabric.hosts for r in range(fabric.spec.rails) for name in (f"nic{r}", *aliases(r))}
+        hosts = set(fabric.hosts)
+        cabling = {f"{node}/{cable.ifname(node)}": cable.name
+                   for cable in fabric.links for node in (cable.lower, cable.upper) if node not in hosts}
+        cabling.update({f"{host}/{name}": fabric.nic_link(host, f"nic{r}").name
+                        for host in fabric.hosts for r in range(fabric.spec.rails)
+                        for name in (f"nic{r}", *aliases(r))})
         out: dict[str, list[Route]] = {}
         for src in fabric.hosts:
             for dst in (h for h in fabric.hosts if h != src):
@@ -137,6 +182,10 @@ class RouteMap:
                     out[path_id(src, nic, dst, nic, "forward")] = there
                     out[path_id(src, nic, dst, nic, "reverse")] = back
         return cls(out, cabling)
+
+    def ports(self, link: str) -> list[str]:
+        """Every port the map cables to ``link`` (``leaf0r0/spine0``, ``h0/nic0``...), sorted: `link_of` reversed."""
+        return sorted(port for port, cabled in self._nics.items() if cabled == link)
 
 
 class RouteFile:

@@ -18,9 +18,14 @@ RTT sits well above its own baseline (a queue filling up and dropping: the signa
 congestion, `ridethrough.detectors.congestion`) is left out of the vote, neither bad nor good.
 Only a path dying altogether (``down_ratio``) is bad whatever its delay.
 
+Links the paths cannot tell apart (with two leaves per rail, every path over one leaf's spine
+uplink crosses the other's) are told apart by the switches' port counters, as an operator
+would: a failing optic shows as receive errors at the ports of its cable (`untie`). Without
+such counters the finding names the first of the ``candidates`` (listed in the evidence),
+confidence split between them.
+
 Limits: a host whose agent dies looks like all of its links cut (AgentSilent says which it
-is); with the design map, a bad leaf-spine link is named among the candidates the map cannot
-separate (``candidates`` in the evidence, confidence split between them).
+is).
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ridethrough.detectors import sql
 from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
 from ridethrough.detectors.fabric_map import Route, RouteFile, RouteMap, path_id
+from ridethrough.detectors.tomography_ties import port_errors, untie
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,8 @@ class Blame:
     candidates: tuple[str, ...]
     """Every link the data cannot tell apart from ``link`` (itself included)."""
     confidence: float
+    port_errors: Mapping[str, float] = field(default_factory=dict)
+    """Per candidate, its ports' error increase, when those counters chose ``link`` among them (`untie`)."""
 
 
 def _weights(obs: Observation) -> dict[str, float]:
@@ -85,18 +93,24 @@ def localise(observations: Iterable[Observation], *, min_paths: float = 2.0, min
     """
     obs = list(observations)
     bad = {o.path: _weights(o) for o in obs if o.bad and o.routes}
-    crossers: dict[str, list[str]] = defaultdict(list)
-    for o in obs:
-        if not o.bad and o.routes:
-            for link, w in _weights(o).items():
-                if w == 1.0:
-                    crossers[link].append(o.path)
+    crossers = good_crossers(obs)
     unexplained = set(bad)
     out: list[Blame] = []
     while unexplained and (blame := _pick({p: bad[p] for p in unexplained}, crossers, min_paths, min_share)):
         out.append(blame)
         unexplained -= set(blame.explained)
     return out
+
+
+def good_crossers(observations: Iterable[Observation]) -> dict[str, list[str]]:
+    """Per link, the good observations that certainly cross it (on every route they may take)."""
+    crossers: dict[str, list[str]] = defaultdict(list)
+    for o in observations:
+        if not o.bad and o.routes:
+            for link, w in _weights(o).items():
+                if w == 1.0:
+                    crossers[link].append(o.path)
+    return crossers
 
 
 def _pick(bad: Mapping[str, Mapping[str, float]], crossers: Mapping[str, list[str]], min_paths: float,
@@ -144,6 +158,10 @@ class Tomography:
     ``probe_rtt_shift`` (per path, the p50 RTT of the last ``recent_s`` against the rest of
     the window: a queue when at least half the recent points exceed ``queue_factor`` times the
     baseline and ``queue_margin_s`` more). A direction needs ``min_probes`` probes to count.
+
+    Ties (`untie`): `port_errors`, one query over the candidates' ports (`RouteMap.ports`), the
+    increase of `PORT_ERROR_COUNTERS` per port; a link is chosen with ``tie_min_errors`` errors and
+    the others at most ``tie_max_share`` of that. A failed read leaves the tie as it is.
     """
 
     name = "tomography"
@@ -153,9 +171,11 @@ class Tomography:
                  down_ratio: float = 0.9, min_probes: int = 20, min_paths: float = 4.0, min_share: float = 0.6,
                  recent_s: float = 20.0, queue_factor: float = 1.5, queue_margin_s: float = 50e-6,
                  min_loss_rises: int = 3, dead_s: float = 3.0, min_recent_probes: int = 3,
-                 quiet_s: float = 10.0) -> None:
+                 quiet_s: float = 10.0, tie_min_errors: float = 10.0, tie_max_share: float = 0.1) -> None:
         if not 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1:
             raise ValueError("tomography: expected 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1")
+        if tie_min_errors <= 0 or not 0 <= tie_max_share < 1:
+            raise ValueError("tomography: expected tie_min_errors > 0 and 0 <= tie_max_share < 1")
         self._routes: Callable[[], RouteMap]
         if isinstance(routes, RouteMap):
             fixed = routes
@@ -169,6 +189,7 @@ class Tomography:
         self.recent_s, self.queue_factor, self.queue_margin_s = recent_s, queue_factor, queue_margin_s
         self.min_loss_rises, self.dead_s, self.min_recent_probes = min_loss_rises, dead_s, min_recent_probes
         self.quiet_s = quiet_s
+        self.tie_min_errors, self.tie_max_share = tie_min_errors, tie_max_share
 
     def detect(self, window: Window) -> list[Finding]:
         """One finding per link the set cover chose."""
@@ -189,8 +210,13 @@ class Tomography:
                 observations.append(o)
                 last_ns[o.path] = int(stats["last_ns"])
         loss = {o.path: o.loss for o in observations}
-        return [self._finding(b, loss, last_ns, window)
-                for b in localise(observations, min_paths=self.min_paths, min_share=self.min_share)]
+        blames = localise(observations, min_paths=self.min_paths, min_share=self.min_share)
+        errors = port_errors(routes, {c for b in blames if len(b.candidates) > 1 for c in b.candidates}, window)
+        if errors:
+            crossers = good_crossers(observations)
+            blames = [untie(b, errors, crossers, min_errors=self.tie_min_errors, max_share=self.tie_max_share)
+                      for b in blames]
+        return [self._finding(b, loss, last_ns, window) for b in blames]
 
     def _queued(self, window: Window) -> set[sql.PathKey]:
         rows = sql.gauge_shift(window, "ridethrough.probe.rtt", sql.PROBE_PATH,
@@ -238,9 +264,11 @@ class Tomography:
         dead = sum(1 for p in b.explained if loss[p] >= self.down_ratio)
         down = median >= self.down_ratio or 3 * dead >= len(b.explained)
         others = [c for c in b.candidates if c != b.link]
+        tie = (f"; its ports counted {b.port_errors[b.link]:g} error(s), {', '.join(others)} next to none"
+               if b.port_errors else f"; the data cannot tell it from {', '.join(others)}")
         summary = (f"{b.link} {'down' if down else 'losing packets'}: explains {len(b.explained)} bad path(s) "
                    f"(median loss {median:.1%}); {len(b.contradicting)} good path(s) cross it"
-                   + (f"; the data cannot tell it from {', '.join(others)}" if others else ""))
+                   + (tie if others else ""))
         return Finding(
             detector=self.name, kind=FindingKind.LINK_DOWN if down else FindingKind.LINK_DEGRADING,
             entity_type=EntityType.LINK, entity=b.link, severity=Severity.CRITICAL if down else Severity.WARNING,
@@ -249,7 +277,8 @@ class Tomography:
             evidence={"query": "probe_loss", "explained": len(b.explained), "contradicting": len(b.contradicting),
                       "votes": b.votes, "median_loss": median, "candidates": list(b.candidates),
                       "bad_paths": {p: loss[p] for p in b.explained[:EVIDENCE_MAX]},
-                      "good_paths": list(b.contradicting[:EVIDENCE_MAX])},
+                      "good_paths": list(b.contradicting[:EVIDENCE_MAX]),
+                      **({"port_errors": dict(b.port_errors)} if b.port_errors else {})},
         )
 
 
@@ -269,4 +298,6 @@ def build(cfg: object) -> list[Detector]:
                        min_paths=getattr(cfg, "tomography_min_paths", 4.0),
                        min_share=getattr(cfg, "tomography_min_share", 0.6),
                        min_loss_rises=getattr(cfg, "tomography_min_loss_rises", 3),
-                       dead_s=getattr(cfg, "tomography_dead_s", 3.0))]
+                       dead_s=getattr(cfg, "tomography_dead_s", 3.0),
+                       tie_min_errors=getattr(cfg, "tomography_tie_min_errors", 10.0),
+                       tie_max_share=getattr(cfg, "tomography_tie_max_share", 0.1))]

@@ -8,7 +8,9 @@ Started detached by ``lab up``; it owns what must keep running after ``lab up`` 
   and the server is ready (none is restarted; exits are logged and recorded);
 * the fake-IB `CounterPump` of every host, ticking every 0.5 s from the host's NIC veth
   statistics (IFLA_STATS64 over netlink, inside the host's namespace);
-* scheduled operations (a flap's downs and ups, a NIC ramp's link down), run when due.
+* scheduled operations (a flap's downs and ups, a NIC ramp's link down), run when due;
+* in a namespace lab, the switch agent (`ridethrough.lab.switch_agent`, in the root namespace),
+  once the server is ready: one control plane per leaf, on the server's management address.
 
 Every agent runs its control plane (signed route and job commands) on its host's management
 address, port `CONTROL_PORT`, checking commands against the lab's key in ``control/keys`` under
@@ -18,9 +20,14 @@ with the environment `controller_env` gives (the lab's server gets it too)::
     RIDETHROUGH_CONTROL_KEYS_FILE=<lab dir>/control/keys        the key to sign commands with
     RIDETHROUGH_CONTROL_TARGETS_FILE=<lab dir>/control/targets.json  {"h3": "198.18.x.13:7450", ...}
     RIDETHROUGH_REROUTE_ADDRESSES_FILE=<lab dir>/stable.json    each host's stable address
+    RIDETHROUGH_REROUTE_SWITCHES_FILE=<lab dir>/switches.json   each leaf's prefixes and uplink ports
 
 (the root namespace reaches the hosts' management addresses over the lab's bridge; host names
-do not resolve there, hence the targets file).
+do not resolve there, hence the targets file). The targets file lists the leaves too, each at
+``<server ip>:SWITCH_CONTROL_PORT_BASE + i`` (7460 for the first leaf, `switch_agent.switch_port`); the
+switches file is ``{"leaf0r0": {"prefixes": ["10.200.0.0/24", "10.64.0.0/24"], "ports":
+{"leaf0r0-spine0": "spine0", ...}}, ...}`` (`switch_agent.switch_map`; ``{}`` in a loopback lab, which
+has no switches).
 
 SIGTERM stops the agents, then the server, gently, and exits.
 """
@@ -43,6 +50,7 @@ from ridethrough.lab import netns, procs
 from ridethrough.lab.fake_ib import CounterPump, NicStats
 from ridethrough.lab.netns import Handles, NsHandle
 from ridethrough.lab.state import State, StateFile
+from ridethrough.lab.switch_agent import SWITCHES_FILE, lab_topology, switch_map, switch_targets
 
 log = logging.getLogger("ridethrough.lab.supervisor")
 PUMP_INTERVAL_S = 0.5
@@ -56,8 +64,10 @@ CONTROL_PORT = 7450
 CONTROL_KEY_ID = "lab"
 
 
-def write_control(lab_dir: Path, hosts: Mapping[str, Mapping[str, Any]]) -> tuple[Path, Path]:
-    """The lab's control key (kept if there) and each agent's control address; returns (keys, targets).
+def write_control(lab_dir: Path, hosts: Mapping[str, Mapping[str, Any]],
+                  switches: Mapping[str, str] | None = None) -> tuple[Path, Path]:
+    """The lab's control key (kept if there) and each agent's control address, then each leaf's
+    (``switches``: leaf → ``HOST:PORT``, `switch_agent.switch_targets`); returns (keys, targets).
 
     The key is 32 random bytes as ``lab=HEX`` (`ridethrough.actuators.command_auth`), mode 0600.
     """
@@ -72,7 +82,7 @@ def write_control(lab_dir: Path, hosts: Mapping[str, Mapping[str, Any]]) -> tupl
             f.write(f"{CONTROL_KEY_ID}={secrets.token_hex(32)}\n")
     targets = d / "targets.json"
     tmp = targets.with_suffix(".tmp")
-    tmp.write_text(json.dumps({h: f"{i['mgmt_ip']}:{CONTROL_PORT}" for h, i in hosts.items()}))
+    tmp.write_text(json.dumps({**{h: f"{i['mgmt_ip']}:{CONTROL_PORT}" for h, i in hosts.items()}, **(switches or {})}))
     tmp.replace(targets)
     return keys, targets
 
@@ -81,7 +91,8 @@ def controller_env(lab_dir: Path) -> dict[str, str]:
     """What a controller needs to act on the lab's agents (see the module docstring)."""
     return {"RIDETHROUGH_CONTROL_KEYS_FILE": str(lab_dir / "control" / "keys"),
             "RIDETHROUGH_CONTROL_TARGETS_FILE": str(lab_dir / "control" / "targets.json"),
-            "RIDETHROUGH_REROUTE_ADDRESSES_FILE": str(lab_dir / REFLEX_PEERS_FILE)}
+            "RIDETHROUGH_REROUTE_ADDRESSES_FILE": str(lab_dir / REFLEX_PEERS_FILE),
+            "RIDETHROUGH_REROUTE_SWITCHES_FILE": str(lab_dir / SWITCHES_FILE)}
 
 
 def nic_stats(handle: NsHandle) -> dict[str, NicStats]:
@@ -171,7 +182,8 @@ class Supervisor:
         ip = self.state["server_ip"]
         clock = ["--clock-listen", f"{ip}:{self.state['clock_port']}"] if "clock_port" in self.state else []
         fabric = self.write_fabric_map()
-        write_control(self.dir, self.state["hosts"])
+        self.write_switch_map()
+        write_control(self.dir, self.state["hosts"], self.switch_targets())
         self._spawn("server", [
             sys.executable, "-m", "ridethrough", "server", "--store", f"chdb://{self.dir / 'store'}",
             "--spool", str(self.dir / "spool"), "--otlp-listen", f"{ip}:{self.state['otlp_port']}",
@@ -191,6 +203,28 @@ class Supervisor:
         tmp.write_text(json.dumps(fmap.to_json()))
         tmp.replace(path)
         return path
+
+    def switches(self) -> bool:
+        """Whether the lab has switches (a namespace lab; a loopback lab has none)."""
+        return bool(self.state.get("mode") == "netns")
+
+    def switch_targets(self) -> dict[str, str]:
+        """Each leaf's control address (none in a loopback lab)."""
+        return switch_targets(lab_topology(self.state)) if self.switches() else {}
+
+    def write_switch_map(self) -> Path:
+        """The leaves' prefixes and uplink ports for the controller's drain, written atomically."""
+        path: Path = self.dir / SWITCHES_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(switch_map(lab_topology(self.state)) if self.switches() else {}))
+        tmp.replace(path)
+        return path
+
+    def start_switches(self) -> None:
+        """The switch agent (every leaf's control plane), in the root namespace and the server's cgroup."""
+        if self.switches():
+            self._spawn("switches", [sys.executable, "-m", "ridethrough.lab.switch_agent", str(self.sf.path)],
+                        ns=None, cgroup=self.state.get("cgroup"))
 
     def wait_server(self, timeout_s: float = 120.0) -> bool:
         """Wait for the server's ready file; record its addresses (or why it failed)."""
@@ -219,7 +253,7 @@ class Supervisor:
         (self.dir / REFLEX_PEERS_FILE).write_text(json.dumps(stable))
         port = self.state.get("clock_port")
         clock_url = f"http://{self.state['server_ip']}:{port}/clock/corrections" if port else ""
-        keys, _ = write_control(self.dir, self.state["hosts"])
+        keys, _ = write_control(self.dir, self.state["hosts"], self.switch_targets())
         for host, info in self.state["hosts"].items():
             d = Path(info["dir"])
             self._spawn(f"agent:{host}", [
@@ -314,6 +348,7 @@ class Supervisor:
             self.tick_pumps()
             if agents and self.wait_server():
                 self.start_agents()
+                self.start_switches()
             self.sf.set_in("status", "supervisor", "running")
             self.loop()
         self.stop_children()

@@ -63,18 +63,19 @@ def fan_out(listeners: Sequence[tuple[str, Listener]]) -> Callable[[Sequence[Tra
 
 def fleet_from_map(fabric: Callable[[], RouteMap] | None, tracker: IncidentTracker,
                    clock: Callable[[], int] = time.time_ns) -> Callable[[], FleetState]:
-    """The runner's fleet snapshot: open incidents, and (with a fabric map) hosts and each node's paths."""
+    """The runner's fleet snapshot: open incidents, and (with a fabric map) hosts and the routes (`route_id`) through
+    each node."""
     def snapshot() -> FleetState:
         open_now = tuple(tracker.open())
         if fabric is None:
             return FleetState(taken_at_ns=clock(), open_incidents=open_now)
         fmap = fabric()
         paths: dict[str, set[str]] = {}
-        for pid in fmap.path_ids():
-            for route in fmap.routes(pid):
+        for pid in fmap.path_ids():  # counted by route: a leaf draining one uplink removes only the routes over it
+            for rid, route in zip(fmap.route_ids(pid), fmap.routes(pid), strict=True):
                 for link in route:
                     for node in link.split("-"):
-                        paths.setdefault(node, set()).add(pid)
+                        paths.setdefault(node, set()).add(rid)
         hosts = frozenset(p.split("/", 1)[0] for p in fmap.path_ids())
         return FleetState(taken_at_ns=clock(), open_incidents=open_now, hosts=hosts,
                           paths={n: frozenset(ids) for n, ids in paths.items()})

@@ -55,7 +55,12 @@ def spine_degrades(ctx: Context, res: ActResult) -> None:
     finally:
         ctx.stack.lab.restore_link(SPINE_LINK)
     report_incident(res, ctx, seen, since_ns=since, want_entity=SPINE_LINK, kinds=kinds)
-    # Traffic moving off the link is the reroute plugin's action above; its absence is said there.
+    # Traffic moving off the link is the reroute plugin's drain at the leaves; its absence is said above.
+    drained = [a for a in seen.actions if a.plugin == "reroute" and a.status == "succeeded"]
+    res.facts["drained"] = bool(drained)
+    if drained:
+        verified = drained[0].detail.rpartition("verify: ")[2]  # the detail runs apply: ...; verify: ...
+        res.add("ok", f"traffic moved off the link: {drained[0].summary}; {verified[:240]}")
     report_job(res, ctx, before)
 
 
@@ -168,7 +173,8 @@ def page(ctx: Context, res: ActResult) -> None:
 
 
 STORY: tuple[Act, ...] = (
-    Act(1, "spine", "a spine link degrades", True, spine_degrades),
+    # prediction takes 20-40 s, the drain's verify waits for fresh probes on every pair that crossed the link
+    Act(1, "spine", "a spine link degrades", True, spine_degrades, max_s=90.0),
     Act(2, "cut", "a link is cut", True, link_cut, max_s=45.0),
     Act(3, "gpu", "a GPU's memory starts failing", False, gpu_ecc),
     # the silence detector waits 30 s without data before it calls an agent silent

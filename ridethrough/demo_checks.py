@@ -24,7 +24,7 @@ WHERE greatest(OpenedAt, LastFindingAt) >= fromUnixTimestamp64Nano({since:Int64}
 ORDER BY OpenedAt
 """
 _ACTIONS = """
-SELECT ActionId, IncidentId, Plugin, Entity, Status, Reason, DryRun, Summary, Timings
+SELECT ActionId, IncidentId, Plugin, Entity, Status, Reason, DryRun, Summary, Timings, Detail
 FROM actions FINAL
 WHERE IncidentId IN {ids:Array(String)}
 ORDER BY DecidedAt
@@ -79,6 +79,8 @@ class ActionRow:
     dry_run: bool
     summary: str
     timings: dict[str, float]
+    detail: str = ""
+    """What the last step said (a verify's evidence, a failure's reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ def actions(store: Store, incident_ids: Sequence[str]) -> list[ActionRow]:
         return []
     rows = _rows(store, _ACTIONS, {"ids": list(incident_ids)})
     return [ActionRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5]), bool(r[6]), str(r[7]),
-                      {str(k): float(v) for k, v in dict(r[8]).items()}) for r in rows]
+                      {str(k): float(v) for k, v in dict(r[8]).items()}, str(r[9])) for r in rows]
 
 
 def reflex_events(store: Store, *, since_ns: int) -> list[ReflexEvent]:

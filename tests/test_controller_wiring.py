@@ -57,8 +57,10 @@ def test_fleet_snapshot_lists_hosts_and_each_nodes_paths(store: Store) -> None:
     tracker.load()
     snap = fleet_from_map(lambda: fmap, tracker, clock=lambda: 7)()
     assert snap.taken_at_ns == 7 and snap.hosts == {"h0", "h1", "h2", "h3"}
-    assert "h0/nic0->h2/nic0:forward" in snap.paths["spine1"]  # a cross-rack path may cross either spine
-    assert all(pid.startswith("h1/") or "->h1/" in pid for pid in snap.paths["h1"])
+    # counted by route: a cross-rack path has one route over each spine
+    assert "h0/nic0->h2/nic0:forward#1" in snap.paths["spine1"] and "h0/nic0->h2/nic0:forward#0" in snap.paths["spine0"]
+    assert "h0/nic0->h2/nic0:forward#0" not in snap.paths["spine1"]
+    assert all(rid.startswith("h1/") or "->h1/" in rid for rid in snap.paths["h1"])
     empty = fleet_from_map(None, tracker)()
     assert empty.hosts == frozenset() and empty.paths == {}
 

@@ -274,7 +274,8 @@ def test_topology_of_the_fleet_and_link_levels(fleet: FakeFleet) -> None:
     kinds = [v[2] for v in topo.nodes.values()]
     assert (kinds.count("host"), kinds.count("nic"), kinds.count("switch")) == (8, 16, 8 * 2 + 4)
     assert topo.links["h3-leaf3r1"] == ("h3/mlx5_1", "leaf3r1")  # drawn from its first NIC name
-    assert topo.link_nics["h3-leaf3r1"] == ("h3/mlx5_1", "h3/nic1")
+    assert topo.link_nics["h3-leaf3r1"] == ("h3/mlx5_1", "h3/nic1", "leaf3r1/h3")  # the leaf's port too
+    assert topo.link_nics["leaf3r1-spine2"] == ("leaf3r1/spine2", "spine2/leaf3r1")
     assert max(v[1] for v in topo.nodes.values()) == 3  # spines sit above the leaves
     levels, _, rates = link_states(topo, {"h3/nic1": {"up": 0.0, "errors": 10.0}, "h2/nic0": {"errors": 36.0}},
                                    seconds=3600, bad_links={"h5-leaf5r0": 1})

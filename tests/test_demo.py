@@ -200,11 +200,14 @@ def test_cut_and_freeze_acts_open_incidents_on_their_entities(story: dict[str, A
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
-def test_spine_act_predicts_the_lossy_link_before_it_fails(story: dict[str, Any]) -> None:
+def test_spine_act_predicts_the_lossy_link_and_drains_it(story: dict[str, Any]) -> None:
     # 10 % loss on leaf0r0-spine0 is not a failure: link_degrading (a prediction), never link_down
     seen = query(story, "SELECT Kind, Entity FROM incidents FINAL WHERE Entity = 'leaf0r0-spine0'")
     assert {"Kind": "link_degrading", "Entity": "leaf0r0-spine0"} in seen, (seen, tail(story))
-    assert act(story, "spine")["facts"]["incident"] is not None, act(story, "spine")
+    spine = act(story, "spine")
+    assert spine["facts"]["incident"] is not None and spine["facts"]["localised"], spine
+    # traffic moved off it: drained at the leaves, the probes of every pair that crossed it confirming
+    assert spine["facts"]["drained"], spine
 
 
 @pytest.mark.integration

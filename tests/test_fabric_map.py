@@ -34,6 +34,21 @@ def test_from_fabric_cables_every_nic_and_its_alias() -> None:
     assert again.link_of("h2/mlx5_0") == fmap.link_of("h2/mlx5_0") and len(again) == len(fmap)
 
 
+def test_from_fabric_cables_every_switch_port_by_its_interface_name() -> None:
+    fmap = fabric()
+    assert fmap.link_of("leaf0r0/spine1") == "leaf0r0-spine1" == fmap.link_of("spine1/leaf0r0")
+    assert fmap.link_of("leaf1r1/h3") == "h3-leaf1r1" == fmap.link_of("h3/nic1")
+    assert fmap.link_of("leaf0r0/spine9") is None and fmap.link_of("spine0/leaf0r1") == "leaf0r1-spine0"
+    assert fmap.ports("leaf1r0-spine0") == ["leaf1r0/spine0", "spine0/leaf1r0"]
+    assert fmap.ports("h0-leaf0r1") == ["h0/mlx5_1", "h0/nic1", "leaf0r1/h0"]
+    assert fmap.ports("h9-leaf0r0") == []
+    again = RouteMap.parse(json.loads(json.dumps(fmap.to_json())))
+    assert again.ports("leaf1r0-spine0") == fmap.ports("leaf1r0-spine0")
+    # host ports and their aliases, leaf downlinks, both ends of the leaf-spine links
+    assert len(fmap.to_json()["nics"]) == 4 * 2 * 2 + 4 * 2 + 4 * 2 * 2
+    assert fmap.without("leaf1r0-spine0").ports("leaf1r0-spine0") == fmap.ports("leaf1r0-spine0")  # cabling stays
+
+
 @pytest.mark.parametrize("bad", [
     {"routes": {}, "nics": {"h0": "h0-leaf0r0"}},            # not HOST/NIC
     {"routes": {}, "nics": {"h0/nic0": ""}},                # no link
@@ -58,6 +73,11 @@ def test_the_ib_port_and_netdev_of_one_cable_fold_into_one_link_finding() -> Non
     assert "link_flap:link:h1-leaf0r0" in by_key
     assert by_key["link_down:nic:x9/eth0"].entity_type is EntityType.NIC  # the map does not know it
     assert len(found) == 3
+
+
+def test_a_switch_port_finding_is_named_by_its_cable() -> None:
+    [f] = link.to_links([nic_finding("spine0/leaf1r0", Severity.WARNING, FindingKind.LINK_DEGRADING)], fabric)
+    assert (f.key, f.evidence["nics"]) == ("link_degrading:link:leaf1r0-spine0", ["spine0/leaf1r0"])
 
 
 def test_without_a_map_findings_keep_their_nic() -> None:

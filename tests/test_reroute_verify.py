@@ -20,7 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from ridethrough.actuators.contract import Deadline, FleetState, Plan, Result
 from ridethrough.actuators.reroute_plan import decode_changes
 from ridethrough.actuators.reroute_plugin import RerouteConfig, ReroutePlugin
-from ridethrough.actuators.reroute_verify import ProbeVerifyConfig
+from ridethrough.actuators.reroute_verify import ProbeVerifyConfig, too_lossy
 from ridethrough.collector.otlp_encode import SampleEncoder
 from ridethrough.collector.sample import MetricKind, Sample
 from ridethrough.controller_wiring import build_controller
@@ -42,7 +42,8 @@ FMAP = RouteMap.from_fabric(TOPO)
 ADDRESSES = {h: TOPO.stable_ip(h) for h in TOPO.hosts}
 CROSS = [(a, b) for a in TOPO.hosts for b in TOPO.hosts if TOPO.rack_of(a) != TOPO.rack_of(b)]
 """The pairs a spine link's plan moves (cross-rack), each now on nic0 only."""
-QUICK = ProbeVerifyConfig(poll_s=0.2, margin_s=0.5)
+QUICK = ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=0.0)
+"""The tests stamp their probes a few ms after the apply: no settling time."""
 MS = 1_000_000
 _clusters = itertools.count()
 _tokens = itertools.count()
@@ -183,6 +184,15 @@ def test_a_path_its_prober_suspended_fails_naming_the_pair_at_once(store: Store)
     assert time.monotonic() - started < 60
 
 
+def test_probes_settling_just_after_the_apply_were_sent_before_it_and_do_not_count(store: Store) -> None:
+    p = plugin(probes=ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=1.0))
+    plan, agents, after = applied(p, store)
+    agents.rounds(after, 3, lost=2)  # declared lost within the prober's timeout: they left over the old route
+    agents.rounds(after + 1_100 * MS, 3)
+    verified = p.verify(plan, Deadline.after(60))
+    assert verified.ok and "0 lost" in verified.detail, verified.detail
+
+
 def test_stale_probes_only_fail_at_the_deadline_with_no_probe_data(store: Store) -> None:
     p = plugin()
     plan, agents, after = applied(p, store)
@@ -268,3 +278,16 @@ def test_probe_settings_from_the_environment() -> None:
         ProbeVerifyConfig.from_environ({"RIDETHROUGH_REROUTE_PROBE_MIN_PROBES": "many"})
     with pytest.raises(ValueError, match="max_loss_ratio"):
         ProbeVerifyConfig.from_environ({"RIDETHROUGH_REROUTE_PROBE_MAX_LOSS_RATIO": "1.5"})
+
+
+@pytest.mark.parametrize(("lost", "settled", "lossy"), [
+    (0, 17, False), (1, 17, False), (2, 17, False),  # a loaded prober's noise on a healthy rail
+    (5, 17, True), (12, 24, True), (4, 4, True),  # far more than 5 % would lose
+    (130, 2000, True), (100, 2000, False),  # thousands of probes: 6.5 % is significant, 5 % is not
+])
+def test_a_rail_fails_only_on_loss_significantly_above_the_threshold(lost: int, settled: int, lossy: bool) -> None:
+    assert too_lossy(lost, settled, 0.05, 0.01) is lossy
+
+
+def test_with_no_loss_allowed_any_loss_fails() -> None:
+    assert too_lossy(1, 300, 0.0, 0.01) and not too_lossy(0, 300, 0.0, 0.01)

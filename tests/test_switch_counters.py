@@ -1,0 +1,134 @@
+"""Switch port error counters from the lab's loss rules: which port counts what, monotonic across rule changes,
+and exported over real OTLP with the contract the link detectors read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+from ridethrough.lab.control import LabError
+from ridethrough.lab.switch_counters import COUNTER, METRIC, PortCounters, meter_providers
+from ridethrough.lab.topology import Topology, TopologySpec
+
+TOPO = Topology(TopologySpec(hosts=4, racks=2, rails=1, spines=2, gpus=0), name="t")
+
+
+class Rules:
+    """nft loss rules per namespace, as `nft.losses` reports them; a namespace may fail to answer."""
+
+    def __init__(self) -> None:
+        self.dropped: dict[str, dict[str, float]] = {}
+        self.broken: set[str] = set()
+        self.reads = 0
+
+    def __call__(self, ns: str) -> Mapping[str, Mapping[str, float]]:
+        self.reads += 1
+        if ns in self.broken:
+            raise LabError(f"nft in {ns}: no answer")
+        return {ifname: {"percent": 10.0, "dropped": n} for ifname, n in self.dropped.get(ns, {}).items()}
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[PortCounters, Rules, set[str], list[float]]]:
+    rules, lossy, now = Rules(), set(), [0.0]
+
+    def clock() -> float:
+        now[0] += 2.0  # every read is fresh
+        return now[0]
+    yield PortCounters(TOPO, lambda: lossy, losses=rules, clock=clock), rules, lossy, now
+
+
+def test_a_lossy_uplink_counts_at_the_receiving_port_of_each_end(rig) -> None:
+    counters, rules, lossy, _ = rig
+    assert counters.ports("leaf0r0") == {"h0": 0.0, "h1": 0.0, "spine0": 0.0, "spine1": 0.0}
+    assert rules.reads == 0, "nothing lossy: no nft at all"
+    lossy.add("leaf0r0-spine0")
+    rules.dropped = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}, TOPO.namespace("leaf0r0"): {"spine0": 7.0}}
+    assert counters.ports("leaf0r0")["spine0"] == 40.0, "what spine0 dropped towards leaf0r0 never arrived there"
+    assert counters.ports("spine0")["leaf0r0"] == 7.0
+    assert counters.ports("leaf1r0") == {"h2": 0.0, "h3": 0.0, "spine0": 0.0, "spine1": 0.0}
+    assert sorted(counters.switches) == ["leaf0r0", "leaf1r0", "spine0", "spine1"]
+
+
+def test_counts_stay_monotonic_when_a_rule_is_replaced_removed_or_unreadable(rig) -> None:
+    counters, rules, lossy, _ = rig
+    lossy.add("leaf0r0-spine0")
+    spine = TOPO.namespace("spine0")
+    rules.dropped = {spine: {"leaf0r0": 40.0}}
+    assert counters.ports("leaf0r0")["spine0"] == 40.0
+    rules.dropped = {spine: {"leaf0r0": 5.0}}  # the rule was set again: its counter restarted
+    assert counters.ports("leaf0r0")["spine0"] == 45.0
+    rules.broken.add(spine)
+    assert counters.ports("leaf0r0")["spine0"] == 45.0, "an unreadable namespace keeps the count"
+    rules.broken.clear()
+    rules.dropped = {spine: {"leaf0r0": 9.0}}
+    assert counters.ports("leaf0r0")["spine0"] == 49.0, "no double count after the unreadable round"
+    lossy.clear()
+    rules.dropped = {}
+    assert counters.ports("leaf0r0")["spine0"] == 49.0, "the link restored: what was counted stays counted"
+
+
+def test_a_lossy_host_link_is_left_to_the_hosts_agent_and_an_unknown_link_is_ignored(rig) -> None:
+    counters, rules, lossy, _ = rig
+    lossy.update({"h0-leaf0r0", "no-such-link"})
+    rules.dropped = {TOPO.namespace("h0"): {"nic0": 3.0}, TOPO.namespace("leaf0r0"): {"h0": 4.0}}
+    assert counters.ports("leaf0r0")["h0"] == 3.0, "the leaf's port towards h0 receives what h0's cable lost"
+    assert rules.reads == 1, "only h0's namespace is read: the host's own port is its agent's"
+
+
+class Collector(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+
+    def Export(self, request: metrics_service_pb2.ExportMetricsServiceRequest,
+               context: grpc.ServicerContext) -> metrics_service_pb2.ExportMetricsServiceResponse:
+        self.requests.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+def test_every_switch_exports_its_ports_over_otlp_as_ib_port_errors(rig) -> None:
+    counters, rules, lossy, _ = rig
+    lossy.add("leaf0r0-spine0")
+    rules.dropped = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}}
+    collector, server = Collector(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    providers = meter_providers(counters, gateway=f"127.0.0.1:{port}", cluster="t", interval_s=3600)
+    try:
+        for p in providers:
+            p.force_flush(10_000)
+    finally:
+        for p in providers:
+            p.shutdown()
+        server.stop(1)
+    seen: dict[tuple[str, str], float] = {}
+    for req in collector.requests:
+        for rm in req.resource_metrics:
+            res = {kv.key: kv.value.string_value for kv in rm.resource.attributes}
+            assert res["ridethrough.cluster"] == "t" and res["service.name"] == "ridethrough-switch"
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    assert m.name == METRIC and m.sum.is_monotonic
+                    for dp in m.sum.data_points:
+                        attrs = {kv.key: kv.value.string_value for kv in dp.attributes}
+                        assert attrs["ib.counter"] == COUNTER and attrs["ib.port"] == "1"
+                        seen[(res["ridethrough.node.id"], attrs["ib.device"])] = dp.as_int or dp.as_double
+    assert seen[("leaf0r0", "spine0")] == 40.0 and seen[("spine1", "leaf1r0")] == 0.0
+    assert {node for node, _ in seen} == {"leaf0r0", "leaf1r0", "spine0", "spine1"}
+
+
+def test_the_lossy_links_come_from_the_labs_state_and_a_missing_state_reads_as_none(tmp_path) -> None:
+    from ridethrough.lab.state import StateFile
+    from ridethrough.lab.switch_counters import lossy_links
+
+    sf = StateFile(tmp_path, "t")
+    read = lossy_links(sf)
+    assert read() == []
+    sf.create({"name": "t", "faults": {"link:leaf0r0-spine0/loss": "loss 10% both", "link:h0-leaf0r0/rate": "x",
+                                       "gpu:h0/0": "ecc"}})
+    assert read() == ["leaf0r0-spine0"]

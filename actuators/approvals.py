@@ -53,12 +53,15 @@ class Approvable(Protocol):
 class ApprovalPoller:
     """Passes operators' decisions from ``approvals`` and ``otel_logs`` to the runner (see the module docstring)."""
 
-    def __init__(self, *, runner: Approvable, log: ApprovalLog, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, *, runner: Approvable, log: ApprovalLog, interval_s: float = DEFAULT_INTERVAL_S,
+                 cluster: str = "") -> None:
+        """``cluster``: the controller's; only decisions for it count (empty: any)."""
         if not interval_s > 0:
             raise ValueError(f"ApprovalPoller interval_s must be > 0, got {interval_s!r}")
         self._runner = runner
         self._log = log
         self._interval_s = interval_s
+        self._cluster = cluster
         self._table_ready = False
         self._answered: set[str] = set()  # action ids passed on; pruned to those still waiting
         self._stop = threading.Event()
@@ -76,7 +79,8 @@ class ApprovalPoller:
             self._log.ensure_table()  # an operator may not have decided anything yet: no table
             self._table_ready = True
         passed = []
-        for action_id, decision in sorted(self._log.first_decisions(asked, plans=waiting).items()):
+        decided = self._log.first_decisions(asked, plans=waiting, cluster=self._cluster)
+        for action_id, decision in sorted(decided.items()):
             if decision.plan_id != waiting[action_id]:
                 log.warning("approval %s names action %s with plan %s, but it waits with plan %s; ignored",
                             decision.decision_id, action_id, decision.plan_id, waiting[action_id])

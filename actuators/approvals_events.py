@@ -34,7 +34,7 @@ MAX_ATTRIBUTE_BYTES = 4096
 
 EVENTS_SELECT = """
 SELECT LogAttributes['decision.id'] AS id, LogAttributes['action.id'] AS action,
-       LogAttributes['action.plan_id'] AS plan, LogAttributes['action.cluster'] AS cluster,
+       LogAttributes['action.plan_id'] AS plan, ResourceAttributes['ridethrough.cluster'] AS cluster,
        LogAttributes['decision.verdict'] AS verdict, LogAttributes['decision.operator'] AS operator,
        LogAttributes['decision.reason'] AS reason, toUnixTimestamp64Nano(Timestamp) AS at
 FROM otel_logs
@@ -44,7 +44,9 @@ WHERE ServiceName = {decision_service:String} AND LogAttributes['event.name'] = 
 """The decisions recorded through a gateway on ``action_ids``, in the columns and order of a
 `ridethrough.actuators.approvals_table.Decision` row (bind `EVENTS_PARAMETERS` with it). A record
 anyone could have sent is checked for a verdict this code knows and a decision id; the plan id is
-checked by the poller against the plan that waits."""
+checked by the poller against the plan that waits. The cluster is the resource's, which a gateway
+stamps from a token pinned to a cluster (the sender's own claim in the record's attributes is not
+trusted), so a token pinned to one cluster cannot answer another's actions."""
 EVENTS_PARAMETERS = {"decision_service": SERVICE, "decision_event": EVENT}
 
 

@@ -106,12 +106,14 @@ WHERE ActionId IN {action_ids:Array(String)}
 _SOURCES = {APPROVALS.name: _FROM_TABLE, "otel_logs": EVENTS_SELECT}
 # The earliest decision on each of the actions (ties broken by decision id, so every reader agrees). Only
 # decisions on the plan that waits count (``keys``: "ACTION PLAN", empty: any plan), so a record naming another
-# plan can neither win nor hide a later valid one; a verdict this code does not know is no decision. (Doubled
+# plan can neither win nor hide a later valid one; a verdict this code does not know is no decision; with a
+# ``cluster``, only decisions for that cluster count (from the gateway: the cluster it stamped). (Doubled
 # braces: server-side parameters inside a str.format template.)
 _FIRST = """
 SELECT argMin(tuple(id, action, plan, cluster, verdict, operator, reason, at), (at, id)) FROM ({union})
 WHERE verdict IN ('approve', 'deny')
   AND (empty({{keys:Array(String)}}) OR concat(action, ' ', plan) IN {{keys:Array(String)}})
+  AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
 GROUP BY action
 """
 _EXISTING = "SELECT name FROM system.tables WHERE database = currentDatabase() AND name IN {names:Array(String)}"
@@ -134,10 +136,11 @@ class ApprovalLog:
         self._store.insert_columns(APPROVALS, [[v] for v in decision.row()], token=token)
 
     def first_decisions(self, action_ids: Sequence[str], *, plans: Mapping[str, str] | None = None,
-                        settings: dict[str, Any] | None = None) -> dict[str, Decision]:
+                        cluster: str = "", settings: dict[str, Any] | None = None) -> dict[str, Decision]:
         """Action id → the earliest decision on it, for those of ``action_ids`` that have one, from ``approvals``
         and from ``action.decision`` records in ``otel_logs`` (either table may be missing). With ``plans``
-        (action id → the plan it waits with), only decisions naming that plan count."""
+        (action id → the plan it waits with), only decisions naming that plan count; with ``cluster``, only
+        decisions for that cluster (a gateway record's is the one the gateway stamped from the sender's token)."""
         if not action_ids:
             return {}
         sources = self._existing(settings)
@@ -145,7 +148,8 @@ class ApprovalLog:
             return {}
         union = " UNION ALL ".join(_SOURCES[name] for name in sources)
         keys = [f"{a} {plans[a]}" for a in action_ids if a in plans] if plans else []
-        params: dict[str, Any] = {"action_ids": list(action_ids), "keys": keys, **EVENTS_PARAMETERS}
+        params: dict[str, Any] = {"action_ids": list(action_ids), "keys": keys, "cluster": cluster,
+                                  **EVENTS_PARAMETERS}
         _, rows = self._store.query(_FIRST.format(union=union), parameters=params, settings=settings)
         decisions = (Decision.from_row(r[0]) for r in rows)
         return {d.action_id: d for d in decisions}

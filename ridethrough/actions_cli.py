@@ -123,7 +123,7 @@ def prepare(store: Store, prefix: str, verdict: Verdict, *, by: str, reason: str
                            f"({printable(action.reason)})")
     settings = {"readonly": 2} if store.embedded else None
     earlier = ApprovalLog(store).first_decisions([action.action_id], plans={action.action_id: action.plan_id},
-                                                settings=settings).get(action.action_id)
+                                                cluster=action.cluster, settings=settings).get(action.action_id)
     if earlier is not None:
         raise ActionsError(f"action {action.action_id} was already answered: {earlier.verdict.value} by "
                            f"{printable(earlier.operator)} {_age(now_ns - earlier.decided_at_ns)} ago "

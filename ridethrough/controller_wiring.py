@@ -158,5 +158,5 @@ def build_controller(cfg: ControllerConfig, *, store: Store, metrics: Controller
         listeners.append(("pagerduty", exporter.emit))
     controller = Controller(store=store, detectors=default_detectors(cfg), tracker=tracker, metrics=metrics,
                             emit=fan_out(listeners), cluster=cfg.cluster, interval_floor_s=cfg.interval_floor_s)
-    approvals = None if runner is None else ApprovalPoller(runner=runner, log=ApprovalLog(store))
+    approvals = None if runner is None else ApprovalPoller(runner=runner, log=ApprovalLog(store), cluster=cfg.cluster)
     return ControllerParts(controller=controller, tracker=tracker, runner=runner, pager=exporter, approvals=approvals)

@@ -119,7 +119,7 @@ def waiting(store: Store, request: pytest.FixtureRequest) -> Iterator[tuple[Runn
     r = runner(store, plugin, require_approval=True)
     [d] = r.consider([incident(request.node.name[:40])])
     assert d.status is Status.AWAITING_APPROVAL
-    poller = ApprovalPoller(runner=r, log=ApprovalLog(store), interval_s=0.05)
+    poller = ApprovalPoller(runner=r, log=ApprovalLog(store), interval_s=0.05, cluster="c1")  # the controller's
     poller.start()
     yield r, plugin, d.action_id
     poller.stop()
@@ -185,7 +185,7 @@ def test_hostile_reason_is_stored_verbatim_and_shown_escaped(store: TappedStore,
 def test_approval_timeout_still_refuses_and_a_late_approve_fails_clearly(store: Store, dsn: str) -> None:
     plugin = Fixes(needs_approval=True)  # the plan asks, though the policy does not require it
     r = runner(store, plugin, approval_timeout_s=0.3)
-    poller = ApprovalPoller(runner=r, log=ApprovalLog(store), interval_s=0.05)
+    poller = ApprovalPoller(runner=r, log=ApprovalLog(store), interval_s=0.05, cluster="c1")  # the controller's
     poller.start()
     try:
         [d] = r.consider([incident("timeout1")])

@@ -191,6 +191,31 @@ def test_a_gateway_that_requires_a_token_takes_the_decision_only_with_it(
     assert plugin.calls == ["apply", "verify"]
 
 
+def test_a_token_pinned_to_another_cluster_cannot_answer_this_clusters_action(
+        store: Store, endpoint: str, tmp_path: Path, waiting: tuple[Runner, Fixes, str]) -> None:
+    r, plugin, action = waiting  # an action of cluster c1, its controller's poller reading decisions for c1
+    other, ours = "f" * 64, "e" * 64
+    (tmp_path / "tokens").write_text(f"ops/c2={other}\nops/c1={ours}\n")
+    (tmp_path / "other").write_text(other)
+    (tmp_path / "ours").write_text(ours)
+    runtime = _gateway(store, tmp_path / "spool", tokens_file=str(tmp_path / "tokens"), require_token=True)
+    try:
+        target = runtime.addresses["otlp"]
+        sent = cli("approve", action, "--store", endpoint, "--gateway", target, "--ingest-token-file",
+                   str(tmp_path / "other"))
+        assert sent.exit_code == 0, sent.output  # the gateway takes it, stamped with the token's cluster c2
+        wait_for(lambda: recorded(store, action), timeout_s=30, what="the c2 decision in otel_logs")
+        time.sleep(0.5)  # several poller ticks
+        assert plugin.calls == [] and action in r.awaiting_approval(), "a c2 token answered a c1 action"
+        done = cli("approve", action, "--store", endpoint, "--gateway", target, "--ingest-token-file",
+                   str(tmp_path / "ours"))
+        assert done.exit_code == 0, done.output  # the c2 record was no answer: this is the first
+        wait_for(lambda: final(store, action)[0] == "succeeded", timeout_s=60, what="the approved action to end")
+    finally:
+        runtime.stop(10)
+    assert plugin.calls == ["apply", "verify"]
+
+
 def test_bad_options_fail_before_anything_is_sent(store: Store, endpoint: str, gateway: str, tmp_path: Path,
                                                   waiting: tuple[Runner, Fixes, str]) -> None:
     _, _, action = waiting

@@ -13,7 +13,10 @@ median p50 before) by ``factor`` and by ``margin_s``, while
 
 Only clock-corrected delays (``probe.clock.corrected=true``) can tell directions apart;
 uncorrected ones are RTT/2 in both directions and are not read. Entities are directed NIC
-pairs, ``h0/nic0->h5/nic0`` (the direction the queue is in).
+pairs, ``h0/nic0->h5/nic0`` (the direction the queue is in); with a fabric map, the congested
+directions a link explains fold into one finding on that link (`congestion_links`: the
+tomography's set cover over the queueing and the flat directions, ties broken by the ports'
+transmit wait).
 
 How congestion stays out of the link detectors: `LinkDegrading` reads physical-layer error
 counters only, which a queue does not raise; tomography never calls a path bad for delay, and
@@ -23,10 +26,13 @@ neither blames nor clears a link there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ridethrough.detectors import sql
+from ridethrough.detectors.congestion_links import LinkCover, to_links
 from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
+from ridethrough.detectors.fabric_map import RouteFile, RouteMap, path_id
 
 OTHER = {"forward": "reverse", "reverse": "forward"}
 
@@ -48,7 +54,8 @@ class Congestion:
     def __init__(self, *, interval_s: float = 10.0, window_s: float = 120.0, recent_s: float = 30.0,
                  factor: float = 1.5, margin_s: float = 50e-6, min_fraction: float = 0.8, min_points: int = 5,
                  flat_ratio: float = 0.25, rtt_ratio: float = 0.5, loss_max_ratio: float = 0.005,
-                 min_probes: int = 20) -> None:
+                 min_probes: int = 20, fabric: Callable[[], RouteMap] | None = None,
+                 cover: LinkCover | None = None) -> None:
         if not 0 < recent_s < window_s:
             raise ValueError("congestion: recent_s must be positive and shorter than window_s")
         self.interval_s = interval_s
@@ -57,6 +64,7 @@ class Congestion:
         self.min_fraction, self.min_points = min_fraction, min_points
         self.flat_ratio, self.rtt_ratio = flat_ratio, rtt_ratio
         self.loss_max_ratio, self.min_probes = loss_max_ratio, min_probes
+        self.fabric, self.cover = fabric, cover or LinkCover()
 
     def detect(self, window: Window) -> list[Finding]:
         """One finding per congested direction of a NIC pair."""
@@ -70,13 +78,18 @@ class Congestion:
                                                    match={"probe.quantile": ["p50"]})}
         loss = sql.probe_loss(window)
         found: dict[str, Finding] = {}
+        flat: list[str] = []
         for row in owd_rows:
             key, direction = _key(row), row["probe.direction"]
             f = self._judge(key, direction, row, owd.get((*key, OTHER.get(direction, ""))), rtt.get(key),
                             loss.get(key), window)
             if f is not None:
                 found.setdefault(f.entity, f)
-        return list(found.values())
+            elif self._enough(row) and row["above"] < (1 - self.min_fraction) * row["recent_n"]:
+                flat.append(path_id(*key, direction))  # no queue on it: it clears the links it must cross
+        if self.fabric is None:
+            return list(found.values())
+        return to_links(list(found.values()), flat, self.fabric(), window, self.cover)
 
     def _enough(self, row: dict[str, Any]) -> bool:
         return bool(row["base_n"] >= self.min_points and row["recent_n"] >= self.min_points)
@@ -107,6 +120,7 @@ class Congestion:
                     f"over the last {self.recent_s:g} s, reverse flat, no loss",
             observed_at_ns=int(row["last_ns"]), cluster=window.cluster,
             evidence={"query": "probe_owd_shift", "prober": src, "direction": direction,
+                      "path": path_id(*key, direction),
                       "owd_base_s": row["base"], "owd_recent_s": row["recent"], "excess_s": excess,
                       "fraction_above": fraction, "reverse_moved_s": other_moved, "rtt_grew_s": rtt_grew,
                       "loss_ratio": lost, "probes_sent": sent},
@@ -114,8 +128,11 @@ class Congestion:
 
 
 def build(cfg: object) -> list[Detector]:
-    """The congestion detector, thresholds from ``cfg`` where it has them."""
+    """The congestion detector, thresholds from ``cfg`` where it has them; congested paths folded into links
+    through ``cfg.fabric_map_file`` when it is set (a bad file raises ValueError naming it)."""
+    path: str = getattr(cfg, "fabric_map_file", "")
     return [Congestion(interval_s=getattr(cfg, "congestion_interval_s", 10.0),
+                       fabric=RouteFile(path) if path else None,
                        window_s=getattr(cfg, "congestion_window_s", 120.0),
                        recent_s=getattr(cfg, "congestion_recent_s", 30.0),
                        factor=getattr(cfg, "congestion_factor", 1.5),

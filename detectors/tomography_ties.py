@@ -1,9 +1,11 @@
-"""Telling apart links the probe paths cannot: by the error counters at their ports (used by `tomography`).
+"""Telling apart links the probe paths cannot: by the counters at their ports (used by `tomography` and
+`congestion`).
 
 With two leaves per rail every path over one leaf's spine uplink crosses the other's, so the set
 cover ties them. An operator looks at the switches' port counters: a failing optic shows as
-receive errors at the ports of its own cable. `port_errors` reads those for the tied links (one
-query, summed in the store), and `untie` names the one link that counted errors when the others
+receive errors at the ports of its own cable (`port_errors`), a congested egress as transmit wait
+at its port (`port_counts` of ``ridethrough.ib.port.xmit_wait``). Those are read for the tied links
+(one query, summed in the store), and `untie` names the one link that counted when the others
 counted next to none.
 """
 
@@ -52,16 +54,25 @@ def untie(blame: Blame, errors: Mapping[str, float], crossers: Mapping[str, Sequ
 def port_errors(routes: RouteMap, links: Iterable[str], window: Window) -> dict[str, float]:
     """Per link, the error increase its ports counted in the window; empty when no link has a port
     in the map, or the store failed."""
+    return port_counts(routes, links, window, metric="ridethrough.ib.port.errors", counters=PORT_ERROR_COUNTERS)
+
+
+def port_counts(routes: RouteMap, links: Iterable[str], window: Window, *, metric: str,
+                counters: Sequence[str] = ()) -> dict[str, float]:
+    """Per link, the increase of ``metric`` at its ports in the window (only the ``ib.counter`` values in
+    ``counters``, if given), summed in the store; empty when no link has a port in the map, or the store failed."""
     port_link = {port: link for link in links for port in routes.ports(link)}
     if not port_link:
         return {}
-    match = {"ib.device": sorted({port.partition("/")[2] for port in port_link}),
-             "ib.counter": list(PORT_ERROR_COUNTERS)}
+    match = {"ib.device": sorted({port.partition("/")[2] for port in port_link})}
+    attrs: tuple[str, ...] = ("ib.device", "ib.port")
+    if counters:
+        match["ib.counter"] = list(counters)
+        attrs += ("ib.counter",)
     try:
-        rows = sql.counter_series(window, "ridethrough.ib.port.errors", ("ib.device", "ib.port", "ib.counter"),
-                                  match=match)
+        rows = sql.counter_series(window, metric, attrs, match=match)
     except Exception:  # the counters only break ties: a failed read must not lose the finding
-        log.warning("tomography: reading port error counters failed; ties stay as they are", exc_info=True)
+        log.warning("reading %s at the tied links' ports failed; ties stay as they are", metric, exc_info=True)
         return {}
     out: dict[str, float] = defaultdict(float)
     for row in rows:  # one row per port and counter, summed in the store; other nodes' ports of that name drop

@@ -15,9 +15,9 @@ never clash between labs. The supervisor starts this process once the server is 
 leaves in ``control/targets.json`` (`switch_targets`) and writes `switch_map` to ``switches.json``
 for the controller's drain (`ridethrough.actuators.switch_map`).
 
-It also exports every switch's (leaves' and spines') port error counters to the gateway
-(`ridethrough.lab.switch_counters`: the frames each port's cable lost, as an IB switch port counts
-them), so the detectors read switch ports as they read host NICs.
+It also exports every switch's (leaves' and spines') port counters to the gateway
+(`ridethrough.lab.switch_counters`: the frames each port's cable lost, and the wait of a congested
+egress, as an IB switch port counts them), so the detectors read switch ports as they read host NICs.
 
 SIGTERM (or SIGINT) stops the servers, flushes the spans and counters and exits 0. Logs go to stdout.
 """
@@ -199,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     except (LabError, OSError, ValueError, KeyError) as exc:
         log.error("switch agent cannot start: %s", exc)
         return 1
-    from ridethrough.lab.switch_counters import PortCounters, lossy_links, meter_providers
+    from ridethrough.lab.switch_counters import lab_counters, meter_providers
 
-    counters = PortCounters(lab_topology(state), lossy_links(StateFile(path.parent, path.stem)))
-    meters = meter_providers(counters, gateway=f"{state['server_ip']}:{state['otlp_port']}", cluster=state["name"])
+    errors, xmit_wait = lab_counters(lab_topology(state), StateFile(path.parent, path.stem))
+    meters = meter_providers(errors, gateway=f"{state['server_ip']}:{state['otlp_port']}", cluster=state["name"],
+                             xmit_wait=xmit_wait)
     log.info("serving %d leaves, exporting %d switches' port counters; SIGTERM stops", len(planes), len(meters))
     while not stopping.wait(1.0):  # a timed wait: the signal handler runs between waits
         pass

@@ -19,6 +19,9 @@ from ridethrough.lab import netns
 from tests.conftest import ROOT
 from tests.demo_run import act, query, run_demo, steps_reported, tail
 
+# Alone, after the parallel suite (`make unit`): the story's detections are timed against the machine.
+pytestmark = pytest.mark.serial
+
 KEY = "a" * 32
 
 

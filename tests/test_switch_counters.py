@@ -1,8 +1,9 @@
-"""Switch port error counters from the lab's loss rules: which port counts what, monotonic across rule changes,
-and exported over real OTLP with the contract the link detectors read."""
+"""Switch port counters from the lab's faults (loss rules, tbf caps): which port counts what, monotonic across
+rule changes, and exported over real OTLP with the contract the detectors read."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from concurrent import futures
 
@@ -11,25 +12,34 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
 from ridethrough.lab.control import LabError
-from ridethrough.lab.switch_counters import COUNTER, METRIC, PortCounters, meter_providers
+from ridethrough.lab.switch_counters import (
+    COUNTER,
+    METRIC,
+    XMIT_WAIT,
+    PortCounters,
+    faulted_links,
+    meter_providers,
+    tbf_overlimits,
+)
 from ridethrough.lab.topology import Topology, TopologySpec
 
 TOPO = Topology(TopologySpec(hosts=4, racks=2, rails=1, spines=2, gpus=0), name="t")
 
 
 class Rules:
-    """nft loss rules per namespace, as `nft.losses` reports them; a namespace may fail to answer."""
+    """Per namespace, per interface, a rule's count (as `nft_drops` and `tbf_overlimits` report them); a namespace
+    may fail to answer."""
 
     def __init__(self) -> None:
         self.dropped: dict[str, dict[str, float]] = {}
         self.broken: set[str] = set()
         self.reads = 0
 
-    def __call__(self, ns: str) -> Mapping[str, Mapping[str, float]]:
+    def __call__(self, ns: str) -> Mapping[str, float]:
         self.reads += 1
         if ns in self.broken:
             raise LabError(f"nft in {ns}: no answer")
-        return {ifname: {"percent": 10.0, "dropped": n} for ifname, n in self.dropped.get(ns, {}).items()}
+        return dict(self.dropped.get(ns, {}))
 
 
 @pytest.fixture
@@ -39,7 +49,7 @@ def rig() -> Iterator[tuple[PortCounters, Rules, set[str], list[float]]]:
     def clock() -> float:
         now[0] += 2.0  # every read is fresh
         return now[0]
-    yield PortCounters(TOPO, lambda: lossy, losses=rules, clock=clock), rules, lossy, now
+    yield PortCounters(TOPO, lambda: lossy, read=rules, clock=clock), rules, lossy, now
 
 
 def test_a_lossy_uplink_counts_at_the_receiving_port_of_each_end(rig) -> None:
@@ -98,7 +108,10 @@ def test_every_switch_exports_its_ports_over_otlp_as_ib_port_errors(rig) -> None
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    providers = meter_providers(counters, gateway=f"127.0.0.1:{port}", cluster="t", interval_s=3600)
+    waits = Rules()
+    waits.dropped = {TOPO.namespace("leaf1r0"): {"spine1": 12.0}}
+    xmit = PortCounters(TOPO, lambda: {"leaf1r0-spine1"}, read=waits, at_receiver=False)
+    providers = meter_providers(counters, gateway=f"127.0.0.1:{port}", cluster="t", xmit_wait=xmit, interval_s=3600)
     try:
         for p in providers:
             p.force_flush(10_000)
@@ -107,28 +120,63 @@ def test_every_switch_exports_its_ports_over_otlp_as_ib_port_errors(rig) -> None
             p.shutdown()
         server.stop(1)
     seen: dict[tuple[str, str], float] = {}
+    waited: dict[tuple[str, str], float] = {}
     for req in collector.requests:
         for rm in req.resource_metrics:
             res = {kv.key: kv.value.string_value for kv in rm.resource.attributes}
             assert res["ridethrough.cluster"] == "t" and res["service.name"] == "ridethrough-switch"
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
-                    assert m.name == METRIC and m.sum.is_monotonic
+                    assert m.name in (METRIC, XMIT_WAIT) and m.sum.is_monotonic
                     for dp in m.sum.data_points:
                         attrs = {kv.key: kv.value.string_value for kv in dp.attributes}
-                        assert attrs["ib.counter"] == COUNTER and attrs["ib.port"] == "1"
-                        seen[(res["ridethrough.node.id"], attrs["ib.device"])] = dp.as_int or dp.as_double
+                        assert attrs["ib.port"] == "1"
+                        if m.name == METRIC:
+                            assert attrs["ib.counter"] == COUNTER
+                        into = seen if m.name == METRIC else waited
+                        into[(res["ridethrough.node.id"], attrs["ib.device"])] = dp.as_int or dp.as_double
     assert seen[("leaf0r0", "spine0")] == 40.0 and seen[("spine1", "leaf1r0")] == 0.0
     assert {node for node, _ in seen} == {"leaf0r0", "leaf1r0", "spine0", "spine1"}
+    assert waited[("leaf1r0", "spine1")] == 12.0 and waited[("spine1", "leaf1r0")] == 0.0
 
 
-def test_the_lossy_links_come_from_the_labs_state_and_a_missing_state_reads_as_none(tmp_path) -> None:
+def test_the_faulted_links_come_from_the_labs_state_and_a_missing_state_reads_as_none(tmp_path) -> None:
     from ridethrough.lab.state import StateFile
-    from ridethrough.lab.switch_counters import lossy_links
 
     sf = StateFile(tmp_path, "t")
-    read = lossy_links(sf)
-    assert read() == []
-    sf.create({"name": "t", "faults": {"link:leaf0r0-spine0/loss": "loss 10% both", "link:h0-leaf0r0/rate": "x",
+    lossy, capped = faulted_links(sf, "loss"), faulted_links(sf, "degrade")
+    assert lossy() == [] and capped() == []
+    sf.create({"name": "t", "faults": {"link:leaf0r0-spine0/loss": "loss 10% both", "link:h0-leaf0r0/degrade": "x",
                                        "gpu:h0/0": "ecc"}})
-    assert read() == ["leaf0r0-spine0"]
+    assert lossy() == ["leaf0r0-spine0"] and capped() == ["h0-leaf0r0"]
+
+
+def test_a_capped_uplink_counts_its_wait_at_the_sending_port_itself(rig) -> None:
+    _, rules, _, _ = rig
+    rules.dropped = {TOPO.namespace("leaf1r0"): {"spine0": 30.0}, TOPO.namespace("h2"): {"nic0": 9.0}}
+    xmit = PortCounters(TOPO, lambda: {"leaf1r0-spine0", "h2-leaf1r0"}, read=rules, at_receiver=False)
+    assert xmit.ports("leaf1r0") == {"h2": 0.0, "h3": 0.0, "spine0": 30.0, "spine1": 0.0}, "h2's wait: its agent's"
+    assert xmit.ports("spine0")["leaf1r0"] == 0.0
+
+
+def test_tbf_overlimits_reads_a_real_qdisc_in_a_namespace() -> None:
+    import subprocess
+
+    from ridethrough.lab import netns
+
+    if netns.unavailable_reason() is not None:
+        pytest.skip(netns.unavailable_reason() or "")
+    name = f"rt-tbf-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        for cmd in (["link", "add", "v0", "type", "veth", "peer", "name", "v1"], ["link", "set", "v0", "up"],
+                    ["link", "set", "v1", "up"]):
+            subprocess.run(["ip", "-n", name, *cmd], check=True)
+        assert tbf_overlimits(name) == {}, "no tbf: nothing counted"
+        subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "replace", "dev", "v0", "root", "handle", "1:",
+                        "tbf", "rate", "1mbit", "burst", "32kbit", "latency", "20ms"], check=True)
+        assert tbf_overlimits(name) == {"v0": 0.0}
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    with pytest.raises(LabError, match="tc in"):
+        tbf_overlimits(name)

@@ -188,15 +188,18 @@ def test_gpu_act_opens_the_right_incident_and_decides_a_migration(story: dict[st
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_DURATION_S + 480)
-def test_cut_and_freeze_acts_open_incidents_on_their_entities(story: dict[str, Any]) -> None:
+def test_cut_and_freeze_acts_open_incidents_and_the_job_recovers(story: dict[str, Any]) -> None:
     cut = query(story, "SELECT Entity FROM incidents FINAL WHERE Kind IN ('link_down', 'link_flap') "
                         "AND Entity IN ('h4-leaf1r0', 'h4/mlx5_0', 'h4/nic0')")
     assert cut, tail(story)
     routed = query(story, "SELECT Status FROM actions FINAL WHERE Plugin = 'reroute' AND NOT DryRun "
                            "AND IncidentId IN (SELECT IncidentId FROM incidents FINAL WHERE Entity = 'h4-leaf1r0')")
-    assert routed, tail(story)  # the controller planned routes around the cut link on the affected hosts
+    # the controller routed the affected hosts around the cut link, and the agents' probes confirmed it
+    assert any(r["Status"] == "succeeded" for r in routed), (routed, tail(story))
     frozen = query(story, "SELECT Entity FROM incidents FINAL WHERE Kind = 'agent_silent' AND Entity = 'h5'")
     assert frozen, tail(story)
+    job = act(story, "freeze")["facts"]["job"]  # a spare took the frozen host's rank, from a peer's state
+    assert job["starts_after"] > job["starts_before"] and job["steps_after"] > job["steps_before"], job
 
 
 @pytest.mark.integration

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ridethrough.detectors.fabric_map import RouteMap, path_id
+from ridethrough.detectors.fabric_map import RouteMap, parse_path_id, path_id
 
 log = logging.getLogger(__name__)
-_FORWARD = re.compile(r"(?P<src>[^/\s>]+)/(?P<nic>[^/\s>]+)->(?P<dst>[^/\s>]+)/(?P<dnic>[^/\s:]+):forward")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -123,16 +121,16 @@ def plan_avoid(fmap: RouteMap, link: str, addresses: Mapping[str, str]) -> Avoid
     bad: dict[tuple[str, str], set[str]] = {}
     removed: set[str] = set()
     for pid in fmap.path_ids():
-        m = _FORWARD.fullmatch(pid)
-        if m is None:
+        src, nic, dst, dnic, direction = parse_path_id(pid)  # the map holds path ids only
+        if direction != "forward":
             continue
-        pair = (m["src"], m["dst"])
-        nics.setdefault(pair, set()).add(m["nic"])
+        pair = (src, dst)
+        nics.setdefault(pair, set()).add(nic)
         if any(link in route for route in fmap.routes(pid)):
-            bad.setdefault(pair, set()).add(m["nic"])
+            bad.setdefault(pair, set()).add(nic)
             # every route of the path and of the same packets seen from the other end's probe: a host that
             # moves a pair off a NIC loses all of that path's routes, not only those over the link
-            for gone in (pid, path_id(m["dst"], m["dnic"], m["src"], m["nic"], "reverse")):
+            for gone in (pid, path_id(dst, dnic, src, nic, "reverse")):
                 removed.update(fmap.route_ids(gone))
     if not bad:
         return AvoidPlan(link, refusal=f"no known path crosses {link}: nothing to move")

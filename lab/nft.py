@@ -46,10 +46,15 @@ def check_percent(percent: object) -> float:
     return float(percent)
 
 
+def which(name: str) -> str | None:
+    """An executable on PATH or in the sbin directories (a non-root PATH often lacks them); None if there is none."""
+    path = os.environ.get("PATH", "")
+    return shutil.which(name, path=os.pathsep.join([path, *_SBIN]) if path else os.pathsep.join(_SBIN))
+
+
 def nft_binary() -> str:
     """The ``nft`` executable; LabError saying what to install when there is none."""
-    path = os.environ.get("PATH", "")
-    found = shutil.which("nft", path=os.pathsep.join([path, *_SBIN]) if path else os.pathsep.join(_SBIN))
+    found = which("nft")
     if found is None:
         raise LabError("packet loss needs nftables, and `nft` is not installed: install the nftables Debian "
                        "package (apt-get install nftables)")

@@ -141,10 +141,14 @@ def build_leaf(topo: Topology, leaf: str, *, routes: NetlinkRouteOps, keys: Path
     return LeafPlane(leaf, server, provider, routes)
 
 
+def gateway_of(state: State) -> str:
+    """The lab server's OTLP address, where spans and counters go."""
+    return f"{state['server_ip']}:{state['otlp_port']}"
+
+
 def serve(state: State, *, keys: Path) -> list[LeafPlane]:
     """Every leaf's control plane, serving; if one cannot start, what was started is stopped and it raises."""
-    topo = lab_topology(state)
-    gateway = f"{state['server_ip']}:{state['otlp_port']}"
+    topo, gateway = lab_topology(state), gateway_of(state)
     routes: list[NetlinkRouteOps] = []
     planes: list[LeafPlane] = []
     try:
@@ -190,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     path = Path(args[0])
+    sf = StateFile(path.parent, path.stem)
     try:
-        state = StateFile(path.parent, path.stem).read()
+        state = sf.read()
         from ridethrough.lab.supervisor import controller_env  # lazily: the supervisor imports this module
 
         keys = Path(controller_env(Path(state["dir"]))["RIDETHROUGH_CONTROL_KEYS_FILE"])
@@ -201,9 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from ridethrough.lab.switch_counters import lab_counters, meter_providers
 
-    errors, xmit_wait = lab_counters(lab_topology(state), StateFile(path.parent, path.stem))
-    meters = meter_providers(errors, gateway=f"{state['server_ip']}:{state['otlp_port']}", cluster=state["name"],
-                             xmit_wait=xmit_wait)
+    errors, xmit_wait = lab_counters(lab_topology(state), sf)
+    meters = meter_providers(errors, gateway=gateway_of(state), cluster=state["name"], xmit_wait=xmit_wait)
     log.info("serving %d leaves, exporting %d switches' port counters; SIGTERM stops", len(planes), len(meters))
     while not stopping.wait(1.0):  # a timed wait: the signal handler runs between waits
         pass

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -81,7 +79,7 @@ def tbf_overlimits(ns: str) -> dict[str, float]:
 
 def _tc_binary() -> str:
     """``tc`` (iproute2), looked for in the sbin directories too (LabError if it is not installed)."""
-    found = shutil.which("tc", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+    found = nft.which("tc")
     if found is None:
         raise LabError("reading a tbf cap needs tc: install the iproute2 Debian package")
     return found
@@ -106,8 +104,8 @@ class PortCounters:
         self.switches = [n for n in topology.nodes if topology.kind(n) is not Kind.HOST]
 
     def ports(self, switch: str) -> dict[str, float]:
-        """``switch``'s ports (interface name → receive errors so far), every port listed, refreshed at most once
-        a second whoever asks."""
+        """``switch``'s ports (interface name → its count so far), every port listed, refreshed at most once a
+        second whoever asks."""
         with self._lock:
             if self._clock() - self._read_at >= _CACHE_S:
                 self._refresh()

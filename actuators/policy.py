@@ -3,7 +3,8 @@
 `refusal` answers "may this plan run now?" with None or the reason it may not, from the
 plan, its incident, the fleet snapshot and what is already in flight. Checks, first match wins:
 
-1. one action per entity at a time;
+1. one action per entity at a time, and none changing paths an action in flight changes (one's
+   rollback would restore what the other moved);
 2. hysteresis: the incident has been open at least ``hysteresis_s`` (flapping evidence does not act);
 3. cooldown: the entity's last action ended at least ``cooldown_s`` ago;
 4. at most ``max_concurrent`` actions in flight (awaiting approval counts: its radius is reserved);
@@ -91,6 +92,11 @@ def refusal(policy: RunnerPolicy, plan: Plan, incident: Incident, fleet: FleetSt
     entity = (plan.cluster, plan.entity)
     if any((p.cluster, p.entity) == entity for p in now.plans):
         return f"busy: an action on {plan.entity} is in flight"
+    for p in now.plans:
+        # Two actions changing the same routes would undo each other: one's rollback restores what the other moved.
+        shared = plan.removes_paths & p.removes_paths if p.cluster == plan.cluster else frozenset()
+        if shared:
+            return f"busy: the action on {p.entity} in flight changes {len(shared)} of the same paths"
     open_s = (now.now_ns - incident.opened_at_ns) / _NS_PER_S
     if open_s < policy.hysteresis_s:
         return f"hysteresis: incident open {open_s:.1f} s < {policy.hysteresis_s:g} s"

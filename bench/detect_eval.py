@@ -81,16 +81,18 @@ def _wait_rows(store_http: str, hosts: int, timeout_s: float = 90.0) -> None:
 
 
 def opened_incidents(store_http: str, since_ns: int) -> list[Opened]:
-    """Every incident's first version opened since ``since_ns``, with the hosts its evidence names."""
+    """Every incident's first version opened since ``since_ns``, with the hosts its evidence names and when it
+    first resolved."""
     rows = _sql(store_http, f"""
         SELECT IncidentId, argMin(Kind, Version), argMin(EntityType, Version), argMin(Entity, Version),
-               toString(toUnixTimestamp64Nano(min(OpenedAt))), argMin(Evidence, Version)
+               toString(toUnixTimestamp64Nano(min(OpenedAt))), argMin(Evidence, Version),
+               toString(toUnixTimestamp64Nano(minIf(ResolvedAt, State = 'resolved'))), countIf(State = 'resolved')
         FROM incidents GROUP BY IncidentId
         HAVING min(OpenedAt) >= fromUnixTimestamp64Nano(toInt64({int(since_ns)}))""")
     out = []
-    for iid, kind, etype, entity, opened, evidence in rows:
+    for iid, kind, etype, entity, opened, evidence, resolved, resolutions in rows:
         out.append(Opened(iid, kind, etype, entity, int(opened), _evidence_hosts(evidence),
-                          _evidence_candidates(evidence)))
+                          _evidence_candidates(evidence), int(resolved) if int(resolutions) else None))
     return out
 
 

@@ -186,6 +186,8 @@ class PathHealth:
     suspended_until_s: float = float("-inf")
     backoff_s: float = 0.0
     suspensions: int = 0
+    heard: bool = False
+    """Some reply ever came: the path was up once (before that, an unanswered probe may be a peer still starting)."""
     _retrying: bool = False
 
     def active(self, now_s: float) -> bool:
@@ -199,8 +201,12 @@ class PathHealth:
 
     def on_reply(self) -> None:
         """A reply came: the peer is there."""
-        self.consecutive_losses, self.backoff_s, self._retrying = 0, 0.0, False
+        self.consecutive_losses, self.backoff_s, self._retrying, self.heard = 0, 0.0, False, True
         self.suspended_until_s = float("-inf")
+
+    def wake(self, now_s: float) -> None:
+        """End a suspension now (the peer showed it is up); the retry and the backoff stay as they were."""
+        self.suspended_until_s = min(self.suspended_until_s, now_s)
 
     def on_loss(self, now_s: float, rng: random.Random) -> bool:
         """A probe was lost; True if that suspends the path."""
@@ -233,6 +239,8 @@ class PathCounters:
     lost: int = 0
     lost_forward: int = 0
     lost_reverse: int = 0
+    unreached: int = 0
+    """Probes unanswered before the path's first reply, within the prober's ``first_contact_s``: not lost."""
     _unsettled: collections.deque[float] = field(default_factory=collections.deque)
     _epoch: int | None = None
     _base: tuple[int, int, int] = (0, 0, 0)  # (probe index, rx_count, received) at the epoch's first reply

@@ -61,10 +61,12 @@ class Responder(SocketWorker):
                  known_nodes: Callable[[], Collection[str]] | None = None, max_skew_s: float = 1.0,
                  per_source_rate: float = 200.0, per_source_burst: float = 50.0, total_rate: float = 20_000.0,
                  total_burst: float = 2_000.0, monotonic: Callable[[], float] = time.monotonic,
-                 epoch: int | None = None) -> None:
+                 epoch: int | None = None, on_probe: Callable[[str, str, str], None] | None = None) -> None:
         """``listen`` maps each local NIC to the (address, port) to answer on (port 0: any).
 
-        ``known_nodes`` lists the nodes whose probes are answered (None or empty: any node).
+        ``known_nodes`` lists the nodes whose probes are answered (None or empty: any node);
+        ``on_probe`` hears every probe answered as (our NIC, its node, its NIC), in the responder's thread
+        (the prober's `Prober.heard_from`: the path between those two NICs is up).
         """
         super().__init__(dict(listen), want_tx_timestamps=False)  # t3 goes out in the reply: no stamp to wait for
         self.node = node
@@ -82,6 +84,7 @@ class Responder(SocketWorker):
         self._lock = threading.Lock()
         self._dropped = dict.fromkeys(DropReason, 0)
         self._answered = dict.fromkeys(listen, 0)
+        self._on_probe = on_probe
 
     def dropped(self) -> dict[DropReason, int]:
         """Packets dropped so far, by reason."""
@@ -146,6 +149,8 @@ class Responder(SocketWorker):
             return
         with self._lock:
             self._answered[nic] += 1
+        if self._on_probe is not None:
+            self._on_probe(nic, probe.src.node, probe.src.nic)
 
     def _check(self, nic: str, received: Received) -> tuple[Probe | None, DropReason | None]:
         try:

@@ -14,7 +14,15 @@ cookie, come from the address the probe went to, name the right endpoints, and c
 times that make one exchange; otherwise it is dropped and counted by `DropReason` (the probe
 still waits for its real reply). A probe with no reply within ``timeout_s`` is lost
 (`PathCounters` splits losses by direction); a path that loses ``losses_to_suspend`` in a row
-is suspended and retried later with exponential backoff (`PathHealth`). Peers are every
+is suspended and retried later with exponential backoff (`PathHealth`), or at once when the
+peer's own probes reach our responder over that path (`heard_from`: the host is back, and a
+backoff grown over a long outage would otherwise keep the path suspended, and looking dead,
+minutes after; a probe over another rail says nothing of this one). As BFD declares no
+session down that never came up, a path that has never been answered is not losing probes
+but not reached yet: for its first ``first_contact_s`` its unanswered probes count as
+``unreached``, not lost (a peer's agent starts seconds after ours in any rollout, and its
+probes lost meanwhile would blame its links). Past that, a path never answered loses like
+any other: a black hole there from the start is still reported. Peers are every
 pinned one plus ``k`` drawn at random and re-drawn every ``redraw_s`` (`PeerPicker`).
 
 `Responder` (answering probes) lives in `ridethrough.collector.probe_responder`.
@@ -78,6 +86,7 @@ class ProberSettings:
     losses_to_suspend: int = 10
     backoff_min_s: float = 5.0
     backoff_max_s: float = 300.0
+    first_contact_s: float = 30.0
     want_tx_timestamps: bool = True
     want_hardware: bool = False
 
@@ -88,6 +97,8 @@ class ProberSettings:
             raise ValueError("pair gap must be 0-10 ms, k >= 0 and losses_to_suspend >= 1")
         if self.backoff_max_s < self.backoff_min_s:
             raise ValueError("backoff_max_s must be at least backoff_min_s")
+        if self.first_contact_s < 0:
+            raise ValueError("first_contact_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +112,8 @@ class PathStatus:
     lost_forward: int
     lost_reverse: int
     suspended: bool
+    unreached: int = 0
+    """Probes unanswered before the path was first answered (see the module docstring): not in ``lost``."""
 
 
 @dataclass(slots=True)
@@ -124,6 +137,8 @@ class _PathState:
     next_index: int = 1
     outstanding: int = 0
     """Probes sent and neither answered nor lost yet."""
+    created_s: float = 0.0
+    """When the path joined the plan (monotonic s): its first-contact grace runs from here."""
 
 
 class Prober(SocketWorker):
@@ -148,6 +163,9 @@ class Prober(SocketWorker):
         self._picker = PeerPicker(k=s.k, pinned=s.pinned, redraw_s=s.redraw_s, rng=self._rng)
         self._lock = threading.Lock()
         self._states: dict[PathKey, _PathState] = {}
+        self._unreached = 0  # over the prober's life: paths leaving the plan take their own counts with them
+        self._suspended: set[PathKey] = set()
+        """Paths suspended since their last wake-up (a hint read without the lock by `heard_from`)."""
         self._pending: dict[tuple[str, int], _Pending] = {}  # (NIC, seq), in send order
         self._tx_keys: dict[tuple[str, int], int] = {}  # (NIC, OPT_ID key) → seq
         self._recent: dict[str, collections.OrderedDict[int, bool]] = {nic: collections.OrderedDict() for nic in local}
@@ -192,7 +210,28 @@ class Prober(SocketWorker):
         with self._lock:
             return [PathStatus(st.path, st.counters.sent, st.counters.received, st.counters.lost,
                                st.counters.lost_forward, st.counters.lost_reverse,
-                               not st.health.active(self._monotonic())) for st in self._states.values()]
+                               not st.health.active(self._monotonic()), st.counters.unreached)
+                    for st in self._states.values()]
+
+    def unreached(self) -> int:
+        """Probes unanswered before their path's first reply, within ``first_contact_s`` (not lost), so far."""
+        with self._lock:
+            return self._unreached
+
+    def heard_from(self, nic: str, node: str, peer_nic: str) -> None:
+        """A probe from ``node``'s ``peer_nic`` reached our ``nic``: that path is up, so end its suspension now.
+
+        Called by the responder for every probe it answers: costs a set lookup unless that path is suspended.
+        The retry is the usual one pair; losing it suspends the path again.
+        """
+        key = (nic, node, peer_nic)
+        if key not in self._suspended:
+            return
+        with self._lock:
+            self._suspended.discard(key)
+            st = self._states.get(key)
+            if st is not None:
+                st.health.wake(self._monotonic())
 
     def dropped(self) -> dict[DropReason, int]:
         """Replies dropped (and probes that could not be sent) so far, by reason."""
@@ -235,7 +274,8 @@ class Prober(SocketWorker):
         for key, path in paths.items():
             st = self._states.get(key)
             if st is None or st.path != path:
-                self._states[key] = _PathState(path, PathHealth(s.losses_to_suspend, s.backoff_min_s, s.backoff_max_s))
+                self._states[key] = _PathState(path, PathHealth(s.losses_to_suspend, s.backoff_min_s, s.backoff_max_s),
+                                               created_s=now_s)
         self._next_plan_s = now_s + _PLAN_EVERY_S
 
     def _send_pair(self, st: _PathState, now_s: float) -> None:
@@ -288,8 +328,13 @@ class Prober(SocketWorker):
             st = self._states.get(p.path)
             if st is not None:
                 st.outstanding = max(0, st.outstanding - 1)
+                if not st.health.heard and now_s - st.created_s < self.settings.first_contact_s:
+                    st.counters.unreached += 1  # no reply yet, ever: a peer still starting, not a path losing
+                    self._unreached += 1
+                    continue
                 st.counters.on_lost(now_s)
                 if st.health.on_loss(now_s, self._rng):
+                    self._suspended.add(p.path)
                     _log.info("prober %s: path %s → %s suspended for %.0f s after repeated losses", self.node,
                               st.path.local, st.path.peer, st.health.suspended_until_s - now_s)
         if self._tx_keys and len(self._tx_keys) > 2 * len(self._pending) + 64:

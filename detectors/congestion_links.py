@@ -5,8 +5,10 @@ tomography's (`tomography.localise`) over the fabric map's routes finds the fewe
 explain the congested directions, with the directions that stayed flat clearing the links they
 certainly cross. Where the paths cannot tell two links apart (two leaves per rail), the one whose
 ports counted transmit wait (``ridethrough.ib.port.xmit_wait``, a congested egress's counter) is
-named (`tomography_ties.untie`). Each such link becomes one ``congestion`` finding on the link,
-listing the paths it explains; a congested path no link explains stays a finding of its own.
+named (`tomography_ties.untie`). Directions too few for the cover go to the one link on their routes
+whose ports counted transmit wait, if there is exactly one. Each such link becomes one ``congestion``
+finding on the link, listing the paths it explains; a congested path no link explains stays a
+finding of its own.
 """
 
 from __future__ import annotations
@@ -52,16 +54,35 @@ def to_links(found: Sequence[Finding], flat: Sequence[str], routes: RouteMap, wi
         blames = [untie(b, waits, crossers, min_errors=cover.tie_min_wait, max_share=cover.tie_max_share)
                   for b in blames]
     explained = {p for b in blames for p in b.explained}
+    blames += _by_port_wait([p for p in by_path if p not in explained], routes, window, cover)
+    explained = {p for b in blames for p in b.explained}
     out = [_link_finding(b, by_path, window) for b in blames]
     return out + [f for f in found if str(f.evidence.get("path", "")) not in explained]
+
+
+def _by_port_wait(paths: Sequence[str], routes: RouteMap, window: Window, cover: LinkCover) -> list[Blame]:
+    """Congested directions too few for the set cover, each given to the one link on its routes whose ports
+    counted transmit wait (at least ``tie_min_wait``): the queue the probes crossed, seen at its port."""
+    if not paths:
+        return []
+    links = {pid: {link for route in routes.routes(pid) for link in route} for pid in paths}
+    waits = port_counts(routes, set().union(*links.values()), window, metric=XMIT_WAIT)
+    by_link: dict[str, list[str]] = {}
+    for pid in paths:
+        waiting = [link for link in links[pid] if waits.get(link, 0.0) >= cover.tie_min_wait]
+        if len(waiting) == 1:  # two waiting links on its routes: the probes cannot say which queue they met
+            by_link.setdefault(waiting[0], []).append(pid)
+    return [Blame(link, tuple(sorted(pids)), (), float(len(pids)), (link,), 1.0, {link: waits[link]})
+            for link, pids in sorted(by_link.items())]
 
 
 def _link_finding(b: Blame, by_path: Mapping[str, Finding], window: Window) -> Finding:
     paths = [by_path[p] for p in b.explained]
     worst = max(paths, key=lambda f: float(f.evidence["excess_s"]))
     others = [c for c in b.candidates if c != b.link]
-    tie = (f"; its ports waited {b.port_errors[b.link]:g} times to send, {', '.join(others)} next to none"
-           if b.port_errors else f"; the paths cannot tell it from {', '.join(others)}" if others else "")
+    waited = f"; its ports waited {b.port_errors[b.link]:g} times to send" if b.port_errors else ""
+    tie = (f"{waited}, {', '.join(others)} next to none" if waited and others
+           else waited or (f"; the paths cannot tell it from {', '.join(others)}" if others else ""))
     return Finding(
         detector=worst.detector, kind=worst.kind, entity_type=EntityType.LINK, entity=b.link,
         severity=worst.severity, confidence=b.confidence,

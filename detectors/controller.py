@@ -28,9 +28,10 @@ from ridethrough.query import check_read_only
 
 log = logging.getLogger(__name__)
 
-PLUGINS = ("ridethrough.detectors.link", "ridethrough.detectors.gpu", "ridethrough.detectors.straggler",
+PLUGINS = ("ridethrough.detectors.link", "ridethrough.detectors.link_mtu", "ridethrough.detectors.gpu",
+           "ridethrough.detectors.straggler",
            "ridethrough.detectors.silent", "ridethrough.detectors.tomography", "ridethrough.detectors.clock",
-           "ridethrough.detectors.congestion")
+           "ridethrough.detectors.congestion", "ridethrough.detectors.congestion_ports")
 """The detector modules `default_detectors` loads when they are installed."""
 
 Emit = Callable[[Sequence[Transition]], None]

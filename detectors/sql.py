@@ -16,6 +16,7 @@ Robustness the helpers give every detector:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -103,17 +104,19 @@ def gauge_series(window: Window, metric: str, attrs: Sequence[str], *, up_value:
 
 
 def counter_series(window: Window, metric: str, attrs: Sequence[str], *,
-                   match: Mapping[str, Sequence[str]] | None = None, split_ns: int | None = None
-                   ) -> list[dict[str, Any]]:
+                   match: Mapping[str, Sequence[str]] | None = None, split_ns: int | None = None,
+                   with_points: bool = False) -> list[dict[str, Any]]:
     """Per cumulative counter series in the window: ``increase`` (sum of positive steps),
     ``increase_first``/``increase_second`` (the same before and after ``split_ns``, by default
     the window's middle), ``rises`` (how many steps between points were positive: a burst
     counts once however large), ``last_increase`` (the step between the two newest points; 0
     for a decrease or a single point), ``last_rise_ns`` (the point that ended the last positive step; 0
-    when none), ``latest`` and ``last_ns``."""
+    when none), ``latest`` and ``last_ns``; with ``with_points``, ``points`` too (the distinct (ns, value)
+    points, by time)."""
     cols, bound = _keys(attrs)
     where, mbound = _match(match or {})
     split = _MID if split_ns is None else "{split:Int64}"
+    points = f", {_points()} AS points" if with_points else ""
     sql = f"""
         SELECT {NODE} AS node, any({HOST}) AS host_any, {cols},
                {_increase(_points())} AS increase,
@@ -123,7 +126,7 @@ def counter_series(window: Window, metric: str, attrs: Sequence[str], *,
                greatest(arrayElement(arrayDifference(arrayMap(p -> p.2, {_points()})), -1), 0) AS last_increase,
                arrayMax(arrayMap((d, p) -> if(d > 0, p.1, 0), arrayDifference(arrayMap(p -> p.2, {_points()})),
                                  {_points()})) AS last_rise_ns,
-               argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns
+               argMax(Value, {T_NS}) AS latest, max({T_NS}) AS last_ns{points}
         FROM otel_metrics_sum
         WHERE MetricName = {{metric:String}} AND {IN_WINDOW} AND {CLUSTER}{where}
         GROUP BY node, {", ".join(f"k{i}" for i in range(len(attrs)))}
@@ -194,6 +197,18 @@ PROBE_PATH = ("probe.src.node", "probe.src.nic", "probe.dst.node", "probe.dst.ni
 PathKey = tuple[str, str, str, str]
 
 
+def prober_presence(window: Window) -> dict[str, tuple[int, int]]:
+    """Per node whose prober reported in the window: (its first point's ns, the longest gap in ns between
+    two of its points). A node that started, or came back, within the window shows a late first point
+    or a long gap."""
+    sql = f"""
+        SELECT node, arrayElement(ts, 1) AS first_ns, arrayMax(arrayPushFront(arrayDifference(ts), 0)) AS max_gap_ns
+        FROM (SELECT {NODE} AS node, arraySort(groupUniqArray({T_NS})) AS ts FROM otel_metrics_sum
+              WHERE MetricName = 'ridethrough.probe.sent' AND {IN_WINDOW} AND {CLUSTER} GROUP BY node)
+    """
+    return {str(r["node"]): (int(r["first_ns"]), int(r["max_gap_ns"])) for r in run(window, sql, params(window))}
+
+
 def probe_loss(window: Window, *, recent_s: float = 5.0) -> dict[PathKey, dict[str, float]]:
     """Per probed path in the window: ``sent``, ``lost_forward`` and ``lost_reverse`` (counter
     increases: resets and duplicates add nothing), the same over the last ``recent_s`` seconds
@@ -202,20 +217,26 @@ def probe_loss(window: Window, *, recent_s: float = 5.0) -> dict[PathKey, dict[s
     ``loss_rises_reverse`` (how many collections saw new losses: a one-off burst is 1),
     ``loss_last_ns_forward`` and ``loss_last_ns_reverse`` (when the last new loss was seen; 0 for none),
     ``suspended`` (1.0 if the prober's latest point in the window says the path is suspended,
-    else 0.0) and ``last_ns``."""
+    else 0.0), ``suspended_last_ns`` (its newest point saying suspended; 0 for none),
+    ``sent_since_loss_forward`` and ``sent_since_loss_reverse`` (probes sent after the
+    point that showed the direction's last new loss; all in the window when none) and ``last_ns``."""
     out: dict[PathKey, dict[str, float]] = {}
     split = window.end_ns - round(recent_s * 1e9)
 
+    def path(row: dict[str, Any]) -> PathKey:
+        return row["probe.src.node"], row["probe.src.nic"], row["probe.dst.node"], row["probe.dst.nic"]
+
     def entry(row: dict[str, Any]) -> dict[str, float]:
-        key = (row["probe.src.node"], row["probe.src.nic"], row["probe.dst.node"], row["probe.dst.nic"])
-        got = out.setdefault(key, {"sent": 0.0, "lost_forward": 0.0, "lost_reverse": 0.0, "sent_recent": 0.0,
+        got = out.setdefault(path(row), {"sent": 0.0, "lost_forward": 0.0, "lost_reverse": 0.0, "sent_recent": 0.0,
                                    "lost_forward_recent": 0.0, "lost_reverse_recent": 0.0, "loss_rises_forward": 0.0,
                                    "loss_rises_reverse": 0.0, "loss_last_ns_forward": 0, "loss_last_ns_reverse": 0,
                                    "suspended": 0.0, "last_ns": 0})
         got["last_ns"] = max(int(got["last_ns"]), int(row["last_ns"]))  # an int: ns do not fit a float
         return got
 
-    for row in counter_series(window, "ridethrough.probe.sent", PROBE_PATH, split_ns=split):
+    sent_points: dict[PathKey, list[tuple[int, float]]] = {}
+    for row in counter_series(window, "ridethrough.probe.sent", PROBE_PATH, split_ns=split, with_points=True):
+        sent_points[path(row)] = [(int(t), float(v)) for t, v in row["points"]]
         entry(row)["sent"] += row["increase"]
         entry(row)["sent_recent"] += row["increase_second"]
         entry(row)["sent_last"] = entry(row).get("sent_last", 0.0) + row["last_increase"]
@@ -228,6 +249,13 @@ def probe_loss(window: Window, *, recent_s: float = 5.0) -> dict[PathKey, dict[s
         entry(row)[f"loss_rises_{direction}"] += row["rises"]
         last = f"loss_last_ns_{direction}"
         entry(row)[last] = max(entry(row).get(last, 0), row["last_rise_ns"])
-    for row in gauge_series(window, "ridethrough.probe.path.suspended", PROBE_PATH):
+    for row in gauge_series(window, "ridethrough.probe.path.suspended", PROBE_PATH, up_value=0.0):
         entry(row)["suspended"] = max(entry(row)["suspended"], float(row["latest"] == 1.0))
+        entry(row)["suspended_last_ns"] = max(entry(row).get("suspended_last_ns", 0), int(row["last_down_ns"]))
+    for key, st in out.items():
+        points = sent_points.get(key, [])
+        for direction in ("forward", "reverse"):
+            after = int(st.get(f"loss_last_ns_{direction}", 0))
+            steps = itertools.pairwise(points)
+            st[f"sent_since_loss_{direction}"] = sum(max(0.0, b[1] - a[1]) for a, b in steps if a[0] >= after)
     return out

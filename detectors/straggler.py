@@ -58,7 +58,7 @@ def _compute_per_step(window: Window) -> list[dict[str, Any]]:
             continue  # no finished steps in the recent half: nothing to compare (a hang is not a straggler)
         out.append({"job": r["job.id"], "rank": r["job.rank"], "node": r["node"], "host": r["host"],
                     "value": r["increase_second"] / s["increase_second"], "steps": s["increase_second"],
-                    "last_ns": max(r["last_ns"], s["last_ns"])})
+                    "last_ns": max(r["last_ns"], s["last_ns"]), "last_step_ns": int(s["last_rise_ns"])})
     return out
 
 
@@ -67,8 +67,8 @@ class Straggler:
     rank and at least an absolute margin slower, by one of two measures:
 
     * compute seconds per step (``job.phase.time{phase=compute}`` over ``job.steps``, the window's second half,
-      at least ``min_steps`` steps, in a job whose ranks' step counts agree within ``max_step_spread``;
-      margin ``min_compute_excess_s``);
+      at least ``min_steps`` steps, in a job whose ranks' step counts agree within ``max_step_spread`` and
+      that finished a step within ``stale_s`` of the window's end; margin ``min_compute_excess_s``);
     * for a rank that reports no compute phase, the median duration of the distinct steps it
       reported (at least ``min_steps``; margin ``min_excess_s``)."""
 
@@ -76,8 +76,9 @@ class Straggler:
 
     def __init__(self, *, interval_s: float = 10.0, window_s: float = 120.0, factor: float = 1.5,
                  min_excess_s: float = 0.05, min_steps: int = 5, min_ranks: int = 2,
-                 min_compute_excess_s: float = 0.003, max_step_spread: float = 0.25) -> None:
+                 min_compute_excess_s: float = 0.003, max_step_spread: float = 0.25, stale_s: float = 20.0) -> None:
         self.min_compute_excess_s = min_compute_excess_s
+        self.stale_s = stale_s
         self.max_step_spread = max_step_spread
         self.interval_s = interval_s
         self.window_s = window_s
@@ -93,7 +94,7 @@ class Straggler:
         for r in _compute_per_step(window):
             by_job.setdefault(r["job"], []).append(r)
         for ranks in by_job.values():
-            if not self._in_step(ranks):
+            if not self._in_step(ranks) or not self._stepping(ranks, window):
                 continue
             job_med = statistics.median(r["value"] for r in ranks)
             for r in ranks:
@@ -125,6 +126,14 @@ class Straggler:
         mid = statistics.median(counts)
         return bool(mid > 0 and (max(counts) - min(counts)) <= self.max_step_spread * mid)
 
+    def _stepping(self, ranks: list[dict[str, Any]], window: Window) -> bool:
+        """Whether a job still finished a step within ``stale_s`` of the window's end.
+
+        A job that stopped (finished, killed, hung) has no straggler now, and the recent half of its
+        window ends in its shutdown: a rank that was computing when it stopped counts that compute
+        against no finished step and looks slow (seen in the lab: a rank flagged 46 s after its job ended)."""
+        return bool(max(r["last_step_ns"] for r in ranks) >= window.end_ns - self.stale_s * 1e9)
+
     def _finding(self, r: dict[str, Any], window: Window, query: str, what: str, job_value: float,
                  ranks: int) -> Finding:
         return Finding(
@@ -147,4 +156,5 @@ def build(cfg: object) -> list[Detector]:
                       min_steps=getattr(cfg, "straggler_min_steps", 5),
                       min_ranks=getattr(cfg, "straggler_min_ranks", 2),
                       min_compute_excess_s=getattr(cfg, "straggler_min_compute_excess_s", 0.003),
-                      max_step_spread=getattr(cfg, "straggler_max_step_spread", 0.25))]
+                      max_step_spread=getattr(cfg, "straggler_max_step_spread", 0.25),
+                      stale_s=getattr(cfg, "straggler_stale_s", 20.0))]

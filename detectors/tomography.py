@@ -146,13 +146,18 @@ class Tomography:
 
     A lossy direction is bad only when new losses showed in at least ``min_loss_rises``
     collections of the window (one burst, such as a peer that was not answering yet at start,
-    is neither bad nor good) and the last of them within ``recent_s`` of its newest point (a
-    link that came back up has stopped losing, whatever the window still holds). A path whose
+    is neither bad nor good), the last of them within ``recent_s`` of its newest point, and
+    fewer probes through since then than its loss ratio makes likely (at 19 % loss, 22 probes in a
+    row get through with probability ``healed_alpha``, 1 %): a link that came back up has stopped
+    losing, whatever the window still holds. Nor is one whose every loss came by the end of its
+    path's last suspension, probed since: that was an outage (reported as down while it lasted). A path whose
     last ``dead_s`` seconds, or newest collection, lost at least ``down_ratio`` of at least
     ``min_recent_probes`` probes is dead now, whatever its older history (a cut seconds ago is a link down, not a
     link losing a share of its packets). Paths to a node whose own prober has reported nothing
     for ``quiet_s`` while others did are left out altogether: a frozen host takes every path to
-    it down, which is not a link's doing (AgentSilent reports it).
+    it down, which is not a link's doing (AgentSilent reports it). So are paths to and from a node
+    that came back within the window (its prober quiet for over ``quiet_s``, or first heard over
+    ``quiet_s`` after the earliest one): the window still holds the losses of its absence.
 
     Queries: ``probe_loss`` (per path, probes sent and lost by direction, suspended) and
     ``probe_rtt_shift`` (per path, the p50 RTT of the last ``recent_s`` against the rest of
@@ -171,7 +176,8 @@ class Tomography:
                  down_ratio: float = 0.9, min_probes: int = 20, min_paths: float = 4.0, min_share: float = 0.6,
                  recent_s: float = 20.0, queue_factor: float = 1.5, queue_margin_s: float = 50e-6,
                  min_loss_rises: int = 3, dead_s: float = 3.0, min_recent_probes: int = 3,
-                 quiet_s: float = 10.0, tie_min_errors: float = 10.0, tie_max_share: float = 0.1) -> None:
+                 quiet_s: float = 10.0, tie_min_errors: float = 10.0, tie_max_share: float = 0.1,
+                 healed_alpha: float = 0.01) -> None:
         if not 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1:
             raise ValueError("tomography: expected 0 <= loss_good_ratio < loss_bad_ratio <= down_ratio <= 1")
         if tie_min_errors <= 0 or not 0 <= tie_max_share < 1:
@@ -188,7 +194,7 @@ class Tomography:
         self.min_probes, self.min_paths, self.min_share = min_probes, min_paths, min_share
         self.recent_s, self.queue_factor, self.queue_margin_s = recent_s, queue_factor, queue_margin_s
         self.min_loss_rises, self.dead_s, self.min_recent_probes = min_loss_rises, dead_s, min_recent_probes
-        self.quiet_s = quiet_s
+        self.quiet_s, self.healed_alpha = quiet_s, healed_alpha
         self.tie_min_errors, self.tie_max_share = tie_min_errors, tie_max_share
 
     def detect(self, window: Window) -> list[Finding]:
@@ -203,8 +209,9 @@ class Tomography:
         # the node, not with a link (AgentSilent tells that case), so it is no evidence about links.
         newest = max((int(st["last_ns"]) for st in loss_by_path.values()), default=0)
         alive = {key[0] for key, st in loss_by_path.items() if int(st["last_ns"]) >= newest - self.quiet_s * 1e9}
+        alive -= self._returned(window)
         for key, stats in loss_by_path.items():
-            if key[2] not in alive:
+            if key[0] not in alive or key[2] not in alive:
                 continue
             for o in self._observe(key, stats, routes, key in queued):
                 observations.append(o)
@@ -217,6 +224,15 @@ class Tomography:
             blames = [untie(b, errors, crossers, min_errors=self.tie_min_errors, max_share=self.tie_max_share)
                       for b in blames]
         return [self._finding(b, loss, last_ns, window) for b in blames]
+
+    def _returned(self, window: Window) -> set[str]:
+        """Nodes whose prober went quiet for over ``quiet_s`` within the window, or began reporting over ``quiet_s``
+        after the earliest one did: a host back from a freeze (or a reboot). Its peers' probes to it were lost while
+        it was away, and its paths stay suspended until retried: the window holds the host's absence, not a link's."""
+        presence = sql.prober_presence(window)
+        earliest = min((first for first, _ in presence.values()), default=0)
+        quiet_ns = self.quiet_s * 1e9
+        return {node for node, (first, gap) in presence.items() if first - earliest > quiet_ns or gap > quiet_ns}
 
     def _queued(self, window: Window) -> set[sql.PathKey]:
         rows = sql.gauge_shift(window, "ridethrough.probe.rtt", sql.PROBE_PATH,
@@ -241,20 +257,42 @@ class Tomography:
             return [Observation(path_id(*key, "both"), either, True, 1.0)] if either else []
         out: list[Observation] = []
         healed_before = int(stats["last_ns"]) - round(self.recent_s * 1e9)
+        fwd_ratio = min(1.0, lost_fwd / sent) if sent else 0.0
         for pid, n, lost, way in ((fwd, sent, lost_fwd, "forward"), (rev, sent - lost_fwd, stats["lost_reverse"],
                                                                       "reverse")):
             # reverse loss is out of the probes that reached the peer: the others never had a way back
             if n < self.min_probes or not routes.routes(pid):
                 continue
             ratio = min(1.0, lost / n)
+            if way == "reverse" and ratio <= self.loss_good_ratio < fwd_ratio:
+                # A reverse that lost nothing of what got through is no alibi when the forward lost: a link that
+                # goes down for a while (a flap) loses probes both ways, but only probes sent while it was up
+                # reach the peer to be answered, so the reverse looks clean. It crosses the forward's host
+                # links too (links have no direction), and would clear the very link at fault.
+                continue
             rises, last_loss_ns = stats.get(f"loss_rises_{way}", math.inf), stats.get(f"loss_last_ns_{way}", math.inf)
-            if ratio >= self.loss_bad_ratio and (rises < self.min_loss_rises or last_loss_ns < healed_before):
+            if ratio >= self.loss_bad_ratio and (rises < self.min_loss_rises or last_loss_ns < healed_before
+                                                 or self._stopped(stats, ratio, way)
+                                                 or self._outage_over(stats, last_loss_ns)):
                 continue  # one burst (a peer starting), or loss that stopped (a link back up): neither bad nor good
             if ratio >= self.loss_bad_ratio and not queued:
                 out.append(Observation(pid, routes.routes(pid), True, ratio))
             elif ratio <= self.loss_good_ratio:
                 out.append(Observation(pid, routes.routes(pid), False, ratio))
         return out
+
+    def _outage_over(self, stats: Mapping[str, float], last_loss_ns: float) -> bool:
+        """Whether every loss came by the end of the path's last suspension and it has been probed since: the
+        losses were an outage (a cut, reported as down while it lasted), not a link that is losing a share now."""
+        over = stats.get("suspended_last_ns", 0)
+        return not stats["suspended"] and over > 0 and last_loss_ns <= over + self.dead_s * 1e9
+
+    def _stopped(self, stats: Mapping[str, float], ratio: float, way: str) -> bool:
+        """Whether so many probes got through since the direction's last loss that, were it still losing ``ratio``,
+        some would have died (a geometric test at ``healed_alpha``): a link back up after a cut, whose losses the
+        window still holds."""
+        since = stats.get(f"sent_since_loss_{way}", 0.0)
+        return since > 0 and (1.0 - ratio) ** since < self.healed_alpha
 
     def _finding(self, b: Blame, loss: Mapping[str, float], last_ns: Mapping[str, int], window: Window) -> Finding:
         losses = sorted(loss[p] for p in b.explained)

@@ -5,8 +5,10 @@ A truth fault (one row of ``lab_truth``: a kind such as ``link_down`` on an enti
 it (a NIC at either end of the link, a GPU's host, a link among the candidates the incident could
 not tell apart), and opened while the fault could be seen: from
 ``started - lead`` (a prediction may come before a precursor is scripted to show) up to ``grace``
-after it ended. It is **localised** when the incident names exactly the truth's entity (the link,
-not a NIC at its end). An incident that matches no truth fault of its run is a false positive.
+after it ended; an incident that names exactly the truth's entity and is still open when the fault
+begins detects it too (a second symptom of a part already reported). It is **localised** when the
+incident names exactly the truth's entity (the link, not a NIC at its end). An incident that
+matches no truth fault of its run is a false positive.
 
 Lead time: for a fault with both a precursor and a failure, the failure time minus the opening of
 the first matching *predictive* incident (positive when the prediction came first). Detection
@@ -35,11 +37,14 @@ class Expect:
     """Kinds that say "it will fail" (scored for lead time)."""
     other: frozenset[str] = frozenset()
     """Kinds that are right but neither (congestion, a clock step)."""
+    effects: frozenset[str] = frozenset()
+    """Kinds the fault causes elsewhere, on whatever runs on the faulty part's host (a throttled GPU makes its
+    rank a straggler): they name the host's rank, not the part, so they explain the fault without localising it."""
 
     @property
     def kinds(self) -> frozenset[str]:
         """Every accepted kind."""
-        return self.hard | self.predict | self.other
+        return self.hard | self.predict | self.other | self.effects
 
 
 def _k(*kinds: str) -> frozenset[str]:
@@ -61,7 +66,7 @@ EXPECT: Mapping[str, Expect] = {
     "straggler": Expect(other=_k("straggler")),
     "gpu_ecc_sbe": _GPU_WARN,
     "gpu_row_remap": _GPU_WARN,
-    "gpu_thermal": _GPU_WARN,
+    "gpu_thermal": Expect(predict=_k("gpu_failing"), hard=_k("gpu_failed"), effects=_k("straggler")),
     "gpu_pcie_replay": _GPU_WARN,
     "gpu_nvlink_crc": _GPU_WARN,
     "gpu_xid_precursor": _GPU_WARN,
@@ -101,6 +106,12 @@ class Opened:
     candidates: tuple[str, ...] = ()
     """Entities the evidence says the data cannot tell apart from ``entity`` (ECMP members of a leaf-spine
     link, under a design route map): naming the truth among them detects it, without localising it."""
+    resolved_ns: int | None = None
+    """When it first resolved (None: still open when read)."""
+
+    def open_at(self, t_ns: int) -> bool:
+        """Opened before ``t_ns`` and not yet resolved then (a reopening later is not counted)."""
+        return self.opened_ns <= t_ns and (self.resolved_ns is None or self.resolved_ns >= t_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +169,13 @@ def link_ends(entity: str) -> tuple[str, ...]:
     return tuple(parts) if len(parts) == 2 and all(parts) else ()
 
 
-def matches(fault: TruthFault, inc: Opened, *, nic_link: Callable[[str], str | None]) -> tuple[bool, bool]:
-    """(detected, localised): does ``inc`` name ``fault``'s entity, or a part of it?"""
+def matches(fault: TruthFault, inc: Opened, *, nic_link: Callable[[str], str | None],
+            effect: bool = False) -> tuple[bool, bool]:
+    """(detected, localised): does ``inc`` name ``fault``'s entity, or a part of it? An ``effect``
+    (`Expect.effects`) is found on the faulty part's host and never localises it."""
+    if effect:
+        host = host_of(fault.entity) if fault.entity_type == "gpu" else fault.entity
+        return bool(host) and (host_of(inc.entity) == host or host in inc.hosts), False
     if inc.entity == fault.entity:
         return True, True
     if fault.entity in inc.candidates:
@@ -196,9 +212,14 @@ def score(runs: Sequence[Run], incidents: Iterable[Opened], *, grace_s: float = 
             end = (f.ended_ns if f.ended_ns is not None else run.ended_ns) + grace_s * NS
             hits = []
             for inc in mine:
-                if inc.kind not in expect.kinds or not f.started_ns - lead_s * NS <= inc.opened_ns <= end:
+                if inc.kind not in expect.kinds:
                     continue
-                found, exact = matches(f, inc, nic_link=nic_link)
+                # an incident naming the very entity, still open when the fault began, already tells of it (a
+                # GPU predicted failing from its ECC errors when its row remap starts)
+                ongoing = inc.entity == f.entity and inc.open_at(f.started_ns)
+                if not (ongoing or f.started_ns - lead_s * NS <= inc.opened_ns <= end):
+                    continue
+                found, exact = matches(f, inc, nic_link=nic_link, effect=inc.kind in expect.effects)
                 if found:
                     hits.append((inc, exact))
                     explained.add(inc.incident_id)

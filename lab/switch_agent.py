@@ -17,7 +17,9 @@ for the controller's drain (`ridethrough.actuators.switch_map`).
 
 It also exports every switch's (leaves' and spines') port counters to the gateway
 (`ridethrough.lab.switch_counters`: the frames each port's cable lost, and the wait of a congested
-egress, as an IB switch port counts them), so the detectors read switch ports as they read host NICs.
+egress, as an IB switch port counts them), and every port's state and MTU once a second and at once
+when a port changes state (`ridethrough.lab.switch_ports`), so the detectors read switch ports as
+they read host NICs.
 
 SIGTERM (or SIGINT) stops the servers, flushes the spans and counters and exits 0. Logs go to stdout.
 """
@@ -195,25 +197,40 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     path = Path(args[0])
     sf = StateFile(path.parent, path.stem)
+    from ridethrough.lab import switch_counters, switch_ports
+
+    reader: switch_ports.NetlinkReader | None = None
     try:
         state = sf.read()
         from ridethrough.lab.supervisor import controller_env  # lazily: the supervisor imports this module
 
         keys = Path(controller_env(Path(state["dir"]))["RIDETHROUGH_CONTROL_KEYS_FILE"])
+        topo = lab_topology(state)
+        reader = switch_ports.NetlinkReader(topo.namespace(n) for n in (*topo.leaves, *topo.spines))
+        reader.open()
         planes = serve(state, keys=keys)
     except (LabError, OSError, ValueError, KeyError) as exc:
         log.error("switch agent cannot start: %s", exc)
+        if reader is not None:
+            reader.close()
         return 1
-    from ridethrough.lab.switch_counters import lab_counters, meter_providers
-
-    errors, xmit_wait = lab_counters(lab_topology(state), sf)
-    meters = meter_providers(errors, gateway=gateway_of(state), cluster=state["name"], xmit_wait=xmit_wait)
-    log.info("serving %d leaves, exporting %d switches' port counters; SIGTERM stops", len(planes), len(meters))
+    ports = switch_ports.KernelPorts(topo, reader)
+    errors, xmit_wait = switch_counters.lab_counters(topo, sf)
+    meters = switch_counters.meter_providers(errors, gateway=gateway_of(state), cluster=state["name"],
+                                             xmit_wait=xmit_wait, dropped=ports.rx_dropped)
+    states = switch_ports.meter_providers(ports, gateway=gateway_of(state), cluster=state["name"])
+    meters += states.values()
+    watcher = threading.Thread(target=switch_ports.watch, args=(ports, states, stopping), name="port-watch",
+                               daemon=True)
+    watcher.start()
+    log.info("serving %d leaves, exporting %d switches' ports; SIGTERM stops", len(planes), len(ports.switches))
     while not stopping.wait(1.0):  # a timed wait: the signal handler runs between waits
         pass
+    watcher.join(timeout=5.0)
     stop_all(planes)
     for meter in meters:
         meter.shutdown(timeout_millis=5_000)
+    reader.close()
     log.info("stopped")
     return 0
 

@@ -12,6 +12,9 @@ Two counters of a real switch port, made from what the lab's faults leave in the
   (``degrade_link``); the qdisc's ``overlimits`` (packets held for want of tokens) is the wait of
   that very port (`tbf_overlimits`).
 
+A port's own kernel adds to its receive errors the frames it dropped on arrival (a veth drops a
+frame longer than its MTU: an MTU mismatch on the cable), read by `ridethrough.lab.switch_ports`.
+
 `PortCounters` keeps one of them per (switch, port), monotonic as hardware counters are: a rule or
 qdisc that is replaced or removed (``restore_link``) restarts its count, so what it had counted is
 kept as a base. Only the links with the matching fault in the lab's state are read (``link:*/loss``,
@@ -172,19 +175,29 @@ def lab_counters(topology: Topology, state: StateFile) -> tuple[PortCounters, Po
             PortCounters(topology, faulted_links(state, "degrade"), read=tbf_overlimits, at_receiver=False))
 
 
+def switch_provider(switch: str, *, gateway: str, cluster: str, interval_s: float) -> MeterProvider:
+    """A meter provider whose resource is ``switch`` (as an agent's is its host), exporting to ``gateway`` every
+    ``interval_s``."""
+    resource = Resource.create({"service.name": "ridethrough-switch", "host.name": switch,
+                                "ridethrough.node.id": switch, "ridethrough.cluster": cluster})
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=gateway, insecure=True, timeout=10),
+                                           export_interval_millis=interval_s * 1000)
+    return MeterProvider(resource=resource, metric_readers=[reader])
+
+
 def meter_providers(errors: PortCounters, *, gateway: str, cluster: str, xmit_wait: PortCounters | None = None,
+                    dropped: Callable[[str], Mapping[str, float]] | None = None,
                     interval_s: float = EXPORT_INTERVAL_S) -> list[MeterProvider]:
-    """One meter provider per switch exporting its ports' counters to ``gateway`` (shut them down to flush)."""
+    """One meter provider per switch exporting its ports' counters to ``gateway`` (shut them down to flush).
+
+    ``dropped``: per switch, what each port's kernel dropped on receipt (`ridethrough.lab.switch_ports`:
+    frames over its MTU), counted as receive errors too, as an IB port counts a malformed packet."""
     out: list[MeterProvider] = []
     for switch in errors.switches:
-        resource = Resource.create({"service.name": "ridethrough-switch", "host.name": switch,
-                                    "ridethrough.node.id": switch, "ridethrough.cluster": cluster})
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=gateway, insecure=True, timeout=10),
-                                               export_interval_millis=interval_s * 1000)
-        provider = MeterProvider(resource=resource, metric_readers=[reader])
+        provider = switch_provider(switch, gateway=gateway, cluster=cluster, interval_s=interval_s)
         meter = provider.get_meter("ridethrough.lab.switch")
         meter.create_observable_counter(
-            METRIC, callbacks=[_observe(errors, switch, {"ib.counter": COUNTER})], unit="{error}",
+            METRIC, callbacks=[_observe(errors, switch, {"ib.counter": COUNTER}, dropped)], unit="{error}",
             description="Frames received with errors on a switch port (lost on its cable)")
         if xmit_wait is not None:
             meter.create_observable_counter(
@@ -194,9 +207,12 @@ def meter_providers(errors: PortCounters, *, gateway: str, cluster: str, xmit_wa
     return out
 
 
-def _observe(counters: PortCounters, switch: str,
-             extra: Mapping[str, str]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _observe(counters: PortCounters, switch: str, extra: Mapping[str, str],
+             plus: Callable[[str], Mapping[str, float]] | None = None,
+             ) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         attrs: dict[str, Any] = {"ib.port": "1", **extra}
-        return [Observation(value, {**attrs, "ib.device": port}) for port, value in counters.ports(switch).items()]
+        more = plus(switch) if plus is not None else {}
+        return [Observation(value + more.get(port, 0.0), {**attrs, "ib.device": port})
+                for port, value in counters.ports(switch).items()]
     return callback

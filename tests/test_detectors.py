@@ -300,6 +300,21 @@ def test_straggler_by_compute_time_in_a_lockstep_job(store: Store) -> None:
     assert f.evidence["rank_s"] == pytest.approx(0.040) and f.evidence["ranks"] == 4
 
 
+def test_straggler_by_compute_time_ignores_a_job_that_stopped_stepping(store: Store) -> None:
+    """The job ended 30 s before the window's end, its counters re-reported flat since (as the agent does until
+    it forgets a rank); rank 3 was computing when it stopped, so its compute per step looks 4x the others'."""
+    c = "straggler-ended"
+    stop = N - 6  # 30 s before END
+    rows = [r for r in _healthy_job(c) if r["MetricName"] != "ridethrough.job.step.duration"
+            and r["Attributes"]["job.rank"] != "3"] + _job_counters(c, 3, 0.040)
+    ended = [{**r, "Value": next(x["Value"] for x in rows if x["MetricName"] == r["MetricName"]
+                                 and x["Attributes"] == r["Attributes"] and x["TimeUnix"] == TIMES[stop])}
+             if r["TimeUnix"] > TIMES[stop] else r for r in rows]
+    _write(store, c, ended)
+    assert run(store, straggler.Straggler(), c) == []
+    assert [f.entity for f in run(store, straggler.Straggler(stale_s=1e9), c)] == ["j1/rank3"], "the control"
+
+
 def test_straggler_needs_enough_steps(store: Store) -> None:
     c = "straggler-few"
     slow = series(c, "h9", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "7"}, [2.0] * 3)

@@ -354,7 +354,7 @@ def _rest(p: Probe) -> tuple[object, ...]:
 def test_a_silent_peer_is_suspended_then_retried_with_backoff_until_it_answers() -> None:
     port, mono, samples = free_port("127.0.0.22"), FakeMono(), []
     settings = ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=4, backoff_min_s=5.0,
-                              backoff_max_s=60.0)
+                              backoff_max_s=60.0, first_contact_s=0.0)
     prober = Prober(node="a", local={"nic0": "127.0.0.21"}, peers={"b": {"nic0": ("127.0.0.22", port)}},
                     on_sample=samples.append, settings=settings, monotonic=mono, rng=random.Random(5))
     prober.open()
@@ -391,6 +391,98 @@ def test_a_silent_peer_is_suspended_then_retried_with_backoff_until_it_answers()
             responder.stop(timeout_s=2.0)
     finally:
         prober.close()
+
+
+class Stepped:
+    """A prober of node a on ``mine`` probing b's NIC at ``theirs`` (nobody answering yet), on fake time."""
+
+    def __init__(self, mine: str, theirs: str, settings: ProberSettings, seed: int) -> None:
+        self.port, self.mono = free_port(theirs), FakeMono()
+        self.prober = Prober(node="a", local={"nic0": mine}, peers={"b": {"nic0": (theirs, self.port)}},
+                             on_sample=lambda _: None, settings=settings, monotonic=self.mono, rng=random.Random(seed))
+        self.prober.open()
+        self.prober.tick(self.mono.now)
+
+    def step(self, seconds: float) -> None:
+        """Move fake time on in 20 ms steps, sending and handling replies as the thread would."""
+        for _ in range(round(seconds / 0.02)):
+            self.mono.now += 0.02
+            self.prober.tick(self.mono.now)
+            self.prober.poll(0.002)
+
+
+def test_a_peer_not_answered_yet_is_unreached_not_lost_until_its_first_contact_grace_ends() -> None:
+    # An agent starting seconds after its peers: their probes to it before then are not link loss.
+    run = Stepped("127.0.0.31", "127.0.0.32",
+                  ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=4, first_contact_s=10.0), 7)
+    prober, step = run.prober, run.step
+    try:
+        step(4.0)
+        status = prober.paths()[0]
+        assert status.unreached >= 4 and status.lost == 0 and not status.suspended, status
+        responder = Responder(node="b", listen={"nic0": ("127.0.0.32", run.port)})
+        responder.start()
+        try:
+            wait_for(lambda: step(0.1) is None and prober.paths()[0].received > 0, timeout_s=5, what="a first reply")
+        finally:
+            responder.stop(timeout_s=2.0)
+        unreached = prober.paths()[0].unreached
+        step(4.0)  # answered once, well within the grace: from now on silence is loss
+        status = prober.paths()[0]
+        assert status.lost >= 4 and status.suspended and status.unreached == unreached, status
+    finally:
+        prober.close()
+
+
+def test_a_peer_never_answered_loses_probes_once_the_grace_is_over() -> None:
+    run = Stepped("127.0.0.33", "127.0.0.34",
+                  ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=100, first_contact_s=3.0), 8)
+    prober = run.prober
+    try:
+        run.step(8.0)
+        status = prober.paths()[0]
+        # sent in the first 2 s timed out within the grace; every later one is lost (a black hole from the start)
+        assert 6 <= status.unreached <= 10 and status.lost >= 16, status  # a pair per ~0.5 s round
+        assert status.sent == status.unreached + status.lost + prober._states[("nic0", "b", "nic0")].outstanding
+        assert prober.unreached() == status.unreached  # the node's total, exported as ridethrough.probe.unreached
+    finally:
+        prober.close()
+
+
+def test_a_peer_probing_us_again_ends_our_suspension_of_its_paths_at_once() -> None:
+    # A host back from a long freeze: our backoff to it has grown; its own probes say it is up now.
+    run = Stepped("127.0.0.35", "127.0.0.36", ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=2,
+                                                             backoff_min_s=200.0, backoff_max_s=300.0,
+                                                             first_contact_s=0.0), 9)
+    prober, step, mono, port = run.prober, run.step, run.mono, run.port
+    ours = Responder(node="a", listen={"nic0": ("127.0.0.35", 0)}, on_probe=prober.heard_from)  # a's responder
+    theirs = Responder(node="b", listen={"nic0": ("127.0.0.36", port)})
+    ours.start()
+    try:
+        step(3.0)
+        assert prober.paths()[0].suspended
+        prober.heard_from("nic0", "c", "nic0")  # another node: nothing changes
+        theirs.start()  # b is back, but our backoff would wait 200 s
+        step(2.0)
+        assert prober.paths()[0].suspended
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b_prober:  # b's own probe reaches a's responder
+            b_prober.bind(("127.0.0.36", 0))
+            b_prober.sendto(probe_bytes(1, src=Endpoint("b", "nic0"), dst=Endpoint("a", "nic0")),
+                            ours.addresses["nic0"])
+            wait_for(lambda: ours.answered()["nic0"] == 1, timeout_s=5, what="a answering b")
+        woken = mono.now
+        wait_for(lambda: step(0.1) is None and not prober.paths()[0].suspended and prober.paths()[0].received > 0,
+                 timeout_s=10, what="the path probed and answered again")
+        assert mono.now - woken < 5.0, "retried at the next round, not after its 200 s backoff"
+    finally:
+        theirs.stop(timeout_s=2.0)
+        ours.stop(timeout_s=2.0)
+        prober.close()
+
+
+def test_first_contact_grace_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="first_contact_s"):
+        ProberSettings(first_contact_s=-1.0)
 
 
 def test_paths_follow_the_peer_table() -> None:

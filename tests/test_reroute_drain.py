@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import pytest
 
@@ -87,6 +88,25 @@ def test_the_drain_passes_the_blast_radius_cap_that_the_host_reroute_of_the_same
     now = InFlight(now_ns=inc.opened_at_ns + 10**12)
     as_plan = Plan.for_incident("reroute", inc, removes_paths=drain.removed_paths)
     assert refusal(policy, as_plan, inc, fleet, now) is None
+
+
+def test_a_reroute_waits_while_another_in_flight_changes_some_of_the_same_paths() -> None:
+    # The demo's failure: h0-leaf0r0's host reroute rolled back while h4-leaf1r0's ran, and its restore of
+    # h0 -> h4 deleted the route the other had just put there ("h0 -> h4: the route is gone").
+    topo, fmap, _ = fabric(hosts=8)
+    fleet = fleet_from_map(lambda: fmap, _NoIncidents())()  # type: ignore[arg-type]
+    policy = RunnerPolicy(max_path_share=1.0)
+    addresses = {h: topo.stable_ip(h) for h in topo.hosts}
+    first, second, apart = (incident(link) for link in ("h0-leaf0r0", "h4-leaf1r0", "h6-leaf1r1"))
+
+    def plan(inc: Any) -> Plan:
+        return Plan.for_incident("reroute", inc, removes_paths=plan_avoid(fmap, inc.entity, addresses).removed_paths)
+
+    now = InFlight(now_ns=second.opened_at_ns + 10**12, plans=[plan(first)])
+    crossing, other_rail = plan(second), plan(apart)
+    assert (refusal(policy, crossing, second, fleet, now) or "").startswith("busy: the action on h0-leaf0r0 in flight")
+    assert refusal(policy, other_rail, apart, fleet, now) is None  # rail 1 shares no path with h0's rail 0
+    assert refusal(policy, crossing, second, fleet, InFlight(now_ns=now.now_ns)) is None  # once it ended
 
 
 def test_a_leaf_with_one_uplink_is_never_drained_and_the_plugin_moves_the_hosts_instead(caplog) -> None:

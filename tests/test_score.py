@@ -94,6 +94,34 @@ def test_a_gpu_fault_must_name_the_gpu_and_a_host_fault_may_be_named_by_a_rank()
     assert (st.detected, st.localised) == (1, 1)
 
 
+def test_a_throttled_gpus_straggling_rank_explains_the_fault_without_localising_it() -> None:
+    s = score([run(fault("gpu_thermal", "h5/gpu0", "gpu", 10, end_s=40))],
+              [inc("t", "gpu_failing", "gpu", "h5/gpu0", 25),
+               inc("r", "straggler", "rank", "train/rank21", 30, hosts=("h5",)),
+               inc("x", "straggler", "rank", "train/rank3", 30, hosts=("h0",))])
+    th = s["truth"]["gpu_thermal"]
+    assert (th.detected, th.localised) == (1, 1), "localised by the GPU's own incident"
+    assert s["incidents"]["straggler"].true_incidents == 1 and s["incidents"]["straggler"].false == ["sc:train/rank3"]
+    alone = score([run(fault("gpu_thermal", "h5/gpu0", "gpu", 10, end_s=40))],
+                  [inc("r", "straggler", "rank", "train/rank21", 30, hosts=("h5",))])
+    assert (alone["truth"]["gpu_thermal"].detected, alone["truth"]["gpu_thermal"].localised) == (1, 0)
+
+
+def test_a_prediction_still_open_when_a_second_symptom_starts_detects_it_with_its_lead() -> None:
+    faults = (fault("gpu_ecc_sbe", "h2/gpu3", "gpu", 10, precursor_s=10, failure_s=60),
+              fault("gpu_row_remap", "h2/gpu3", "gpu", 30, precursor_s=30),
+              fault("gpu_lost", "h2/gpu3", "gpu", 60, failure_s=60))
+    failing = Opened("p", "gpu_failing", "gpu", "h2/gpu3", T + 18 * NS, resolved_ns=None)
+    s = score([run(*faults)], [failing, inc("f", "gpu_failed", "gpu", "h2/gpu3", 62)])
+    remap = s["truth"]["gpu_row_remap"]
+    assert (remap.detected, remap.localised, remap.lead_s) == (1, 1, [42.0])
+    gone = Opened("p", "gpu_failing", "gpu", "h2/gpu3", T + 18 * NS, resolved_ns=T + 25 * NS)
+    s = score([run(*faults)], [gone])
+    assert s["truth"]["gpu_row_remap"].detected == 0, "resolved before the remap began: no news of it"
+    other = Opened("p", "gpu_failing", "gpu", "h2/gpu2", T + 18 * NS)
+    assert score([run(*faults)], [other])["truth"]["gpu_row_remap"].detected == 0
+
+
 def test_recovery_kinds_are_not_scored_and_figures_handle_nothing() -> None:
     s = score([run(fault("link_up", "h2-leaf0r1", "link", 40))], [])
     assert s["truth"] == {} and s["incidents"] == {}

@@ -286,8 +286,8 @@ def test_store_a_one_off_burst_of_loss_blames_nothing(store: Store, walked: Rout
     c = "tomo-burst"
     write(store, _burst(fabric_rows(c, TWO_RACKS, walked, {}), "h5", at=td.T0 + 285 * td.S, lost=40))
     assert td.run(store, Tomography(routes=walked), c) == []
-    # the control: counting a single burst as loss, the same rows blame h5's links
-    blamed = {f.entity for f in td.run(store, Tomography(routes=walked, min_loss_rises=1), c)}
+    # the control: counting a single burst as loss (and loss since made up for), the same rows blame h5's links
+    blamed = {f.entity for f in td.run(store, Tomography(routes=walked, min_loss_rises=1, healed_alpha=1e-12), c)}
     assert blamed & {"h5-leaf1r0", "h5-leaf1r1"}
 
 
@@ -337,6 +337,84 @@ def test_store_paths_to_a_silent_host_do_not_blame_links(store: Store, walked: R
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("away_s", [25, 70])
+def test_store_paths_to_and_from_a_host_back_from_a_freeze_do_not_blame_links(store: Store, walked: RouteMap,
+                                                                              away_s: int) -> None:
+    """h3 froze and is back (25 s: the gap is in the window; 70 s: longer than the window, h3 is heard only at its
+    end). Every probe to it died meanwhile and its peers' paths to it are still suspended (their backoff has not
+    run out); its own in-flight probes timed out when it thawed. The window holds the host's absence, not its
+    links'."""
+    c = f"tomo-thawed-{away_s}"
+    back = td.END - 15 * td.S if away_s == 25 else td.END
+    away = back - away_s * td.S
+    dead = {(r["MetricName"], tuple(sorted(r["Attributes"].items())), r["TimeUnix"]): r["Value"]
+            for r in fabric_rows(c, TWO_RACKS, walked, {"h3-leaf0r0": 1.0, "h3-leaf0r1": 1.0})}
+    rows = []
+    for r in fabric_rows(c, TWO_RACKS, walked, {}):
+        a, t = r["Attributes"], r["TimeUnix"]
+        if a["probe.src.node"] == "h3":
+            if away < t < back:
+                continue  # frozen: its agent sent nothing
+            if t >= back and a.get("probe.direction") == "forward":
+                r = {**r, "Value": r["Value"] + 8}  # the pair or so in flight on each round, timed out at the thaw
+        elif a["probe.dst.node"] == "h3" and t > away:
+            key = (r["MetricName"], tuple(sorted(a.items())))
+            since = dead[(*key, t)] - dead[(*key, max(away, td.TIMES[0]))] if r["MetricName"] in SUMS else 1.0
+            r = {**r, "Value": r["Value"] + since if r["MetricName"] in SUMS else since}
+        rows.append(r)
+    write(store, rows)
+    assert td.run(store, Tomography(routes=walked), c) == []
+    # the control: with the absence taken as evidence, the same rows blame h3's links
+    blamed = {f.entity for f in td.run(store, Tomography(routes=walked, quiet_s=1e9), c)}
+    assert {"h3-leaf0r0", "h3-leaf0r1"} <= blamed, blamed
+
+
+@pytest.mark.integration
+def test_store_a_link_back_up_seconds_ago_is_not_degrading(store: Store, walked: RouteMap) -> None:
+    """h3-leaf0r1 lost 20 % for the whole window, then came back 8 s ago: every path over it has had 32 probes
+    through since its last loss (at 20 % loss that happens one time in 1,300), so the window's losses are the past."""
+    c = "tomo-back-up"
+    rows = fabric_rows(c, TWO_RACKS, walked, {"h3-leaf0r1": 0.2})
+    last = [r for r in rows if r["TimeUnix"] == td.END and r["MetricName"] in SUMS]
+    rows += [{**r, "TimeUnix": td.END + k * td.S, "Value": r["Value"] + (4.0 * k if r["MetricName"] ==
+             "ridethrough.probe.sent" else 0.0)} for r in last for k in range(1, 9)]
+    write(store, rows)
+    assert td.run(store, Tomography(routes=walked), c, end_ns=td.END + 8 * td.S) == []
+    # the control: with the test off, the same rows call the link degrading
+    [f] = td.run(store, Tomography(routes=walked, healed_alpha=1e-12), c, end_ns=td.END + 8 * td.S)
+    assert (f.kind, f.entity) == (FindingKind.LINK_DEGRADING, "h3-leaf0r1")
+
+
+@pytest.mark.integration
+def test_store_a_cut_link_probed_again_is_neither_down_nor_degrading(store: Store, walked: RouteMap,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """h3-leaf0r1 was cut for 15 s (every probe over it lost, its paths suspended), and its paths have been probed,
+    clean, for the last 3 s: the window's losses are the outage, already reported as down, not a lossy link."""
+    c = "tomo-outage-over"
+    cut, back = td.END - 15 * td.S, td.END
+    rows = []
+    for r in fabric_rows(c, TWO_RACKS, walked, {}):
+        a, t = r["Attributes"], r["TimeUnix"]
+        path = tomography.path_id(a["probe.src.node"], a["probe.src.nic"], a["probe.dst.node"], a["probe.dst.nic"],
+                                  "forward")
+        over = any("h3-leaf0r1" in route for route in walked.routes(path))
+        if over and t >= cut and r["MetricName"] == "ridethrough.probe.lost" and a["probe.direction"] == "forward":
+            r = {**r, "Value": r["Value"] + PROBES_PER_STEP * ((min(t, back - 5 * td.S) - cut) // (5 * td.S) + 1)}
+        elif over and cut <= t < back and r["MetricName"] == "ridethrough.probe.path.suspended":
+            r = {**r, "Value": 1.0}
+        rows.append(r)
+    last = [r for r in rows if r["TimeUnix"] == td.END and r["MetricName"] in SUMS]
+    rows += [{**r, "TimeUnix": td.END + k * td.S, "Value": r["Value"] + (4.0 * k if r["MetricName"] ==
+             "ridethrough.probe.sent" else 0.0)} for r in last for k in (1, 2, 3)]
+    write(store, rows)
+    tomo = Tomography(routes=walked, healed_alpha=1e-12)  # the outage alone, not the probes-since test
+    assert td.run(store, tomo, c, end_ns=td.END + 3 * td.S) == []
+    monkeypatch.setattr(Tomography, "_outage_over", lambda *_: False)  # the control: the same rows call it degrading
+    assert [(f.kind, f.entity) for f in td.run(store, tomo, c, end_ns=td.END + 3 * td.S)] == [
+        (FindingKind.LINK_DEGRADING, "h3-leaf0r1")]
+
+
+@pytest.mark.integration
 def test_store_loss_that_stopped_blames_nothing(store: Store, walked: RouteMap) -> None:
     """h3-leaf0r1 lost 10 % until 30 s ago and nothing since (it was reseated): the window still holds the
     loss, but the link is not losing packets now."""
@@ -349,8 +427,9 @@ def test_store_loss_that_stopped_blames_nothing(store: Store, walked: RouteMap) 
             if r["MetricName"] == "ridethrough.probe.lost" and r["TimeUnix"] > stop else r for r in rows]
     write(store, rows)
     assert td.run(store, Tomography(routes=walked), c) == []
-    # the control: with a longer memory for loss, the same rows blame the link
-    assert [f.entity for f in td.run(store, Tomography(routes=walked, recent_s=50.0), c)] == ["h3-leaf0r1"]
+    # the control: with a longer memory for loss (and no test of the probes since), the same rows blame the link
+    assert [f.entity for f in td.run(store, Tomography(routes=walked, recent_s=50.0, healed_alpha=1e-12), c)
+            ] == ["h3-leaf0r1"]
 
 
 def test_a_link_whose_paths_die_one_by_one_is_down_not_degrading() -> None:
@@ -364,3 +443,21 @@ def test_a_link_whose_paths_die_one_by_one_is_down_not_degrading() -> None:
     lossy = det._finding(blame, {p: 1.0 if i < 2 else 0.12 for i, p in enumerate(paths)}, dict.fromkeys(paths, 1),
                          window)
     assert (cut.kind, lossy.kind) == (FindingKind.LINK_DOWN, FindingKind.LINK_DEGRADING)
+
+
+@pytest.mark.integration
+def test_store_a_flapping_host_link_is_blamed_though_every_reverse_looks_clean(store: Store) -> None:
+    """A link down a second at a time loses probes both ways, but a probe that got through while it was up is
+    answered while it is up: every prober's forward loses ~10 %, every reverse nothing. Seen in the lab (the
+    link_flap scenario): the clean reverses cleared the host link and a spine link took the blame."""
+    c = "tomo-flap"
+    design = RouteMap.from_fabric(TWO_RACKS)
+    rows: list[dict[str, Any]] = []
+    for src in TWO_RACKS.hosts:
+        for dst in (h for h in TWO_RACKS.hosts if h != src):
+            crosses = "h5" in (src, dst)
+            rows += _path_rows(c, src, "nic1", dst, (0.1 if crosses else 0.0, 0.0))
+    write(store, rows)
+    [f] = td.run(store, Tomography(routes=design), c)
+    assert (f.kind, f.entity) == (FindingKind.LINK_DEGRADING, "h5-leaf1r1")
+    assert f.evidence["explained"] == 14 and f.evidence["contradicting"] == 0

@@ -11,6 +11,8 @@ source NIC, destination node, destination NIC) and where it applies per directio
   delay is clock-corrected when ``corrections`` knows both ends, else half the RTT with
   ``probe.clock.corrected=false``;
 * loss ratio per direction, pure-pair ratio per direction, probes sent, received and lost;
+  per node, probes unreached (unanswered before their path's first reply: a peer still
+  starting; one series, not one a path: it stops growing 30 s into a path's life);
 * whether the path is suspended (its peer stopped answering), packets dropped by reason;
 * from ``clocks`` (`PairwiseClocks`), each peer's latest finished clock window:
   ``ridethrough.clock.pair.*`` (offset, drift, uncertainty, step, reference time).
@@ -182,6 +184,8 @@ class ProbeSource:
             dropped = part.dropped() if part is not None else dict.fromkeys(DropReason, 0)
             out += [Sample(P + "dropped", n, MetricKind.COUNTER, "{packet}", {"probe.role": role, "reason": str(r)})
                     for r, n in dropped.items()]
+        if self._prober is not None:
+            out.append(Sample(P + "unreached", self._prober.unreached(), MetricKind.COUNTER, "{probe}", {}))
         if self._responder is not None:
             out += [Sample(P + "answered", n, MetricKind.COUNTER, "{probe}", {"probe.dst.nic": nic})
                     for nic, n in self._responder.answered().items()]
@@ -217,10 +221,11 @@ class ProbeSource:
             self._not_started(f"no local NICs: give probe_bind or list node {self.node!r} in the peer table")
             return
         listen = {nic: (addr, own[nic][1] if nic in own else self.port) for nic, addr in local.items()}
-        responder = Responder(node=self.node, listen=listen, host_time=self._time,
-                              known_nodes=lambda: self._peers.keys(), max_skew_s=self.settings.max_skew_s)
         prober = Prober(node=self.node, local=local, peers=self._peers, on_sample=self.take,
                         settings=self.settings, host_time=self._time)
+        responder = Responder(node=self.node, listen=listen, host_time=self._time,
+                              known_nodes=lambda: self._peers.keys(), max_skew_s=self.settings.max_skew_s,
+                              on_probe=prober.heard_from)
         try:
             responder.start()
             prober.start()

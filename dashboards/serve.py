@@ -30,6 +30,7 @@ from ridethrough.dashboards.pages_common import Context
 from ridethrough.dashboards.queries import EXISTS_TABLE
 from ridethrough.exporters.store import Store, StoreError, StoreUnavailable, is_embedded
 from ridethrough.settings import load_component, parse_hostport
+from ridethrough.signals import wait_for_stop
 
 log = logging.getLogger(__name__)
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -201,8 +202,7 @@ def serve_dash(app: WSGIApp, *, listen: str, on_ready: Callable[[str], None],
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    _stop_after(duration_s, stop.set)
-    stop.wait()
+    wait_for_stop(stop, duration_s)
     server.stop()
 
 

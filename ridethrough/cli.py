@@ -27,6 +27,7 @@ from ridethrough.dashboards.dashboard_cli import dashboard as dashboard_command
 from ridethrough.dashboards.goodput_cli import app as goodput_app
 from ridethrough.lab.cli import lab_app
 from ridethrough.settings import load_component
+from ridethrough.signals import wait_for_stop
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep GPU jobs running through fabric faults.")
@@ -60,14 +61,19 @@ def _logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def _wait_for_signal(duration_s: float | None, on_hup: Any = None) -> None:
-    """Block until SIGINT/SIGTERM (or ``duration_s``); SIGHUP calls ``on_hup``."""
+def _on_signals(on_hup: Any = None) -> threading.Event:
+    """Handle SIGINT/SIGTERM (the returned event is set) and SIGHUP (calls ``on_hup``) from now on."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if on_hup is not None:
         signal.signal(signal.SIGHUP, lambda *_: on_hup())
-    stop.wait(duration_s)
+    return stop
+
+
+def _wait_for_signal(duration_s: float | None) -> None:
+    """Block until SIGINT/SIGTERM (or ``duration_s``)."""
+    wait_for_stop(_on_signals(), duration_s)
 
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
@@ -98,19 +104,26 @@ def gateway(
         typer.echo(f"ridethrough: config error: {exc}", err=True)
         raise typer.Exit(2) from exc
     wiring.tune_gc_for_ingest()
+
+    def reload() -> None:
+        try:
+            new = load_component("gateway", file=config, env=os.environ, flags={"store": store}).config
+            if new.store == runtime.cfg.store:
+                return
+            opened = wiring.open_store(new)
+        except (ConfigError, ValueError) as exc:  # a bad edit keeps the running store: log it, keep serving
+            logging.getLogger("ridethrough").error("SIGHUP: config not reloaded: %s", exc)
+            return
+        logging.getLogger("ridethrough").info("SIGHUP: switching store")
+        runtime.swap_store(opened)
+        runtime.cfg = dataclasses.replace(runtime.cfg, store=new.store)  # so switching back is a change too
+
+    stop = _on_signals(on_hup=reload)  # before the ready file: a SIGHUP right after it must not kill the gateway
     if cfg.ready_file:
         wiring.write_ready_file(cfg.ready_file, addresses)
     typer.echo(f"gateway: OTLP on {addresses['otlp']}", err=True)
-
-    def reload() -> None:
-        new = _load("gateway", config, store=store)
-        if new.store != runtime.cfg.store:
-            logging.getLogger("ridethrough").info("SIGHUP: switching store")
-            runtime.swap_store(wiring.open_store(new))
-            runtime.cfg = dataclasses.replace(runtime.cfg, store=new.store)  # so switching back is a change too
-
     try:
-        _wait_for_signal(duration, on_hup=reload)
+        wait_for_stop(stop, duration)
     finally:
         runtime.stop()
 

@@ -30,6 +30,7 @@ from ridethrough.demo_stack import Mode, Stack, bring_up, detect_mode, take_down
 from ridethrough.demo_view import View
 from ridethrough.lab.control import LabError
 from ridethrough.lab.state import list_labs
+from ridethrough.signals import wait_for_stop
 
 SUMMARY_RESERVE_S = 25.0
 """Seconds kept at the end of ``--duration`` for the summary and the teardown."""
@@ -78,7 +79,7 @@ def run(*, name: str, data_dir: Path, duration_s: float | None, dashboard: bool,
         if deadline is None and not stop.is_set():
             view.say("the lab keeps running; Ctrl-C stops everything" +
                      (f" (dashboard: {stack.dashboard_url})" if stack.dashboard_url else ""))
-            stop.wait()
+            wait_for_stop(stop)
     finally:
         view.say("stopping: job, lab, agents, server, dashboard ...")
         stack.close()

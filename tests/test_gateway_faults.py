@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -108,10 +109,28 @@ def test_store_outage_spools_then_replays_exactly_once(spawn, tmp_path: Path) ->
 
     store_path = tmp_path / "store"
     _write_config(config, f"chdb://{store_path}")
-    proc.popen.send_signal(__import__("signal").SIGHUP)
+    proc.popen.send_signal(signal.SIGHUP)
     wait_for(lambda: not list(spool.glob("*.spool")), timeout_s=60, what="spool drained")
     assert proc.stop() == 0
     assert _count_rows(store_path, "outage") == (1000, 1000)
+
+
+def test_a_bad_config_on_sighup_keeps_the_running_store(spawn, tmp_path: Path) -> None:
+    config = tmp_path / "gw.yaml"
+    store_path = tmp_path / "store"
+    _write_config(config, f"chdb://{store_path}")
+    ready = tmp_path / "gw.json"
+    proc = spawn("gateway", "--config", str(config), "--spool", str(tmp_path / "spool"), "--otlp-listen",
+                 "127.0.0.1:0", "--ready-file", str(ready), name="gateway")
+    target = read_ready(ready, proc)["otlp"]
+    config.write_text("gateway:\n  store: [not, a, dsn]\n  batch_max_rows: -3\n")
+    proc.popen.send_signal(signal.SIGHUP)
+    wait_for(lambda: "config not reloaded" in proc.output(), timeout_s=30, what="the reload refused")
+    assert proc.alive(), "a bad edit does not stop the gateway"
+    status, _ = grpc_export(target, gauge_request(50, service="kept"))
+    assert status == "OK"
+    assert proc.stop() == 0
+    assert _count_rows(store_path, "kept") == (50, 50), "written to the store it had"
 
 
 def test_sigkill_mid_stream_then_restart_on_same_spool_loses_and_duplicates_nothing(spawn, tmp_path: Path) -> None:

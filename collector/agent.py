@@ -48,6 +48,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from ridethrough.collector.export import BufferingMetricExporter, OTLPBytesExporter
 from ridethrough.collector.export_logs import BufferingLogExporter
 from ridethrough.collector.identity import AgentIdentity
+from ridethrough.collector.link_watch import LinkWatch
 from ridethrough.collector.otlp_encode import EncodedMetrics, SampleEncoder
 from ridethrough.collector.prometheus import MetricsEndpoint, SnapshotCollector
 from ridethrough.collector.sample import BackgroundSource, Event, MetricKind, Sample, Source
@@ -89,14 +90,17 @@ class Agent:
     ``prometheus_listen`` (``HOST:PORT``, port 0 for any) also serves the snapshot at
     ``/metrics`` from `start` on; ``descriptions`` (metric name → text) become the OTLP
     metric descriptions and the Prometheus HELP lines; ``services`` (name → server, e.g.
-    ``{"control": ControlPlaneServer}``) start with the agent, their addresses in `addresses`.
+    ``{"control": ControlPlaneServer}``) start with the agent, their addresses in `addresses`;
+    ``on_link_change`` names the sources read (and exported) at once when the kernel reports a
+    link change (`ridethrough.collector.link_watch`), e.g. ``("netdev",)``.
     """
 
     def __init__(self, *, identity: AgentIdentity, sources: Sequence[Source], gateway: str,
                  export_interval_s: float = 1.0, export_timeout_s: float = 5.0,
                  buffer_max_batches: int = 300, clock: Clock = time.time_ns, max_series: int = 100_000,
                  prometheus_listen: str = "", descriptions: Mapping[str, str] | None = None,
-                 headers: Sequence[tuple[str, str]] = (), services: Mapping[str, Service] | None = None) -> None:
+                 headers: Sequence[tuple[str, str]] = (), services: Mapping[str, Service] | None = None,
+                 on_link_change: Sequence[str] = ()) -> None:
         self._sources = list(sources)
         self._services = dict(services or {})
         self._clock = clock
@@ -106,6 +110,15 @@ class Agent:
         self._export_timeout_s = export_timeout_s
         self._stop = threading.Event()
         self._collected = threading.Event()
+        self._wake = threading.Event()  # the collect loop's sleep: ends early for `collect_now` and `stop`
+        self._now_lock = threading.Lock()
+        self._now: set[str] = set()  # sources asked for by `collect_now`, not yet read
+        self._urgent = False  # the next collection round exports at once, whatever the interval
+        known = {s.name for s in self._sources}
+        self._link_sources = [n for n in on_link_change if n in known]
+        self.links = LinkWatch(functools.partial(self.collect_now, self._link_sources)) if self._link_sources \
+            else None
+        """Hears the kernel's link changes and reads ``on_link_change`` sources at once (None: polling only)."""
         self.source_errors: dict[str, int] = {s.name: 0 for s in self._sources}
         self._source_attributes: dict[str, dict[str, str]] = {}
         self.collections = 0
@@ -146,11 +159,16 @@ class Agent:
                 self._guard(source.name, functools.partial(source.start, emit=self.emit))
         self._thread.start()
         self._exporting.start()
+        if self.links is not None and not self.links.start():
+            self.links = None
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop collecting, export what is left, shut the exporters down."""
         self._stop.set()
         self._collected.set()
+        self._wake.set()
+        if self.links is not None:
+            self.links.stop(timeout_s)
         for thread in (self._thread, self._exporting):
             if thread.is_alive():
                 thread.join(timeout_s)
@@ -272,10 +290,21 @@ class Agent:
             found = self._source_attributes[source] = {"source": source}
         return found
 
+    def collect_now(self, names: Sequence[str]) -> None:
+        """Read the named sources at once and export right after them (a link changed); thread-safe."""
+        with self._now_lock:
+            self._now.update(names)
+        self._wake.set()
+
     def _run(self) -> None:
         intervals = {s.name: max(0.01, s.interval_s) for s in self._sources}
         due = dict.fromkeys(intervals, 0.0)
         while not self._stop.is_set():
+            self._wake.clear()
+            with self._now_lock:
+                asked, self._now = self._now, set()
+            for name in asked & due.keys():
+                due[name] = 0.0
             now = time.monotonic()
             stamp = self._clock()
             collected = False
@@ -285,14 +314,17 @@ class Agent:
                     due[source.name] = now + intervals[source.name]
                     collected = True
             if collected:
+                if asked:  # set once read, so that the export this wakes carries the fresh readings
+                    self._urgent = True
                 self._collected.set()  # fresh readings: the export loop may send them now
             self.collections += 1
-            self._stop.wait(max(0.0, min(due.values(), default=now + 1.0) - time.monotonic()))
+            self._wake.wait(max(0.0, min(due.values(), default=now + 1.0) - time.monotonic()))
 
     def _export_loop(self) -> None:
         """Export about once per interval, right after a collection round: readings leave as soon as
         they are read (a port that just went down reaches the detectors a collection sooner), at the
-        same number of exports. Without collections, export anyway after one and a half intervals."""
+        same number of exports. Without collections, export anyway after one and a half intervals. A round that
+        `collect_now` asked for is exported at once, however soon after the last export."""
         interval = max(0.01, self._export_interval_s)
         last = time.monotonic()
         while not self._stop.is_set():
@@ -301,7 +333,8 @@ class Agent:
                 return
             self._collected.clear()
             now = time.monotonic()
-            if fresh and now - last < 0.9 * interval:
+            urgent, self._urgent = self._urgent, False
+            if fresh and now - last < 0.9 * interval and not urgent:
                 continue  # read sooner than an interval after the last export: these go with the next round
             self.export()
             self._retry_events()

@@ -197,6 +197,9 @@ class AgentConfig:
     sources: tuple[str, ...] = field(default=("netdev", "infiniband", "ethtool", "gpu", "job", "probe"), metadata=_help(
         "Sources to sample, comma-separated in env and flags (a source with nothing to read stays idle)."))
     interval_s: float = field(default=1.0, metadata=_help("Sampling interval, in seconds.", min=0.01))
+    link_events: bool = field(default=True, metadata=_help(
+        "Also read and export link state the moment the kernel reports a link change (rtnetlink), "
+        "not only every interval."))
     clock_script: str = field(default="", metadata=_help(
         "A lab host's clock file (offset, drift, steps); empty reads the system clock."))
     clock_corrections_url: str = field(default="", metadata=_help(

@@ -190,7 +190,8 @@ def build_agent(cfg: AgentConfig) -> Agent:
                  buffer_max_batches=cfg.buffer_max_batches, clock=clock, max_series=cfg.max_series,
                  prometheus_listen=cfg.prometheus_listen,
                  descriptions={m.name: m.description for m in catalogue.metrics()}, headers=headers,
-                 services={"control": control} if control is not None else None)
+                 services={"control": control} if control is not None else None,
+                 on_link_change=("netdev",) if cfg.link_events else ())
 
 
 def read_token(path: str) -> str:

@@ -214,3 +214,25 @@ def test_an_agent_without_a_key_file_runs_no_control_plane_and_a_bad_one_stops_t
     with pytest.raises(ValueError, match="cannot read control keys"):
         wiring.build_agent(AgentConfig(gateway="127.0.0.1:4317", node_id="n1", sources=(),
                                        control_listen="127.0.0.1:0", control_keys_file=str(tmp_path / "none")))
+
+
+def test_a_link_change_is_read_and_exported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`collect_now` (the link watch's call) reads the named sources and exports them, intervals notwithstanding."""
+    links, other = Timed(interval_s=60.0), Timed(interval_s=60.0)
+    other.name = "other"
+    agent = Agent(identity=AgentIdentity(node_id="n", host_name="h", cluster="c"), sources=[links, other],
+                  gateway=f"127.0.0.1:{_free_port()}", export_interval_s=60.0, export_timeout_s=0.2,
+                  on_link_change=["timed", "absent"])
+    exported_at: list[float] = []
+    monkeypatch.setattr(agent, "export", lambda: exported_at.append(time.monotonic()) or True)
+    agent.start()
+    try:
+        wait_for(lambda: links.read_at and other.read_at, timeout_s=10, what="the first round")
+        time.sleep(0.3)
+        assert not exported_at, "the first round waits for its interval"
+        agent.collect_now(["timed"])
+        wait_for(lambda: exported_at, timeout_s=10, what="an export right after the link change")
+    finally:
+        agent.stop(timeout_s=2)
+    assert len(links.read_at) == 2 and links.read_at[1] <= exported_at[0], "read again, then exported"
+    assert len(other.read_at) == 1, "a source not named waits for its interval"

@@ -5,6 +5,11 @@ Each `tick` runs the detectors that are due over a window ``[now - window_s, now
 (`IncidentTracker`) and hands the transitions to ``emit`` (OTel log records and spans in
 `ridethrough.detectors.incident_events`). A detector that raises is logged, counted and
 skipped; the others keep running, and its incidents do not resolve while it fails.
+
+Started, it runs two lanes, each a thread: the live lane runs the detectors the live feed can wake
+(those with ``triggers``: a port gone down), the scheduled lane all others. A woken link detector
+then waits for no tomography or trend query to finish, only for the store's next free turn; the
+lanes share the incident tracker, one fold at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ridethrough.detectors.contract import Detector, Finding, Window
 from ridethrough.detectors.incidents import IncidentTracker, Transition
+from ridethrough.detectors.live import triggers_of
 from ridethrough.exporters.store import Store
 from ridethrough.query import check_read_only
 
@@ -158,38 +164,46 @@ class Controller:
         self._query = read_only_query(store)
         self._next_ns = {d.name: 0 for d in self._detectors}
         self._due_lock = threading.Lock()
+        self._fold_lock = threading.Lock()  # the lanes fold into one tracker, one at a time
         self._stop = threading.Event()
-        self._woken = threading.Event()
-        self._thread: threading.Thread | None = None
+        live = frozenset(d.name for d in self._detectors if triggers_of(d))
+        self._lanes = {"live": live, "scheduled": frozenset(self._next_ns) - live}
+        self._woken = {lane: threading.Event() for lane in self._lanes}
+        self._threads: list[threading.Thread] = []
 
-    def tick(self, now_ns: int | None = None) -> list[Transition]:
-        """Run the detectors due at ``now_ns`` (default: the clock), fold and emit; returns the transitions.
+    def tick(self, now_ns: int | None = None, *, lane: str | None = None) -> list[Transition]:
+        """Run the detectors due at ``now_ns`` (default: the clock; those of one ``lane``, default all), fold and
+        emit; returns the transitions.
 
         Until the tracker has loaded the store's incidents nothing runs (it would duplicate them).
         """
         now = self._clock() if now_ns is None else now_ns
-        if not self._tracker.loaded:
-            self._tracker.load()
+        among = self._lanes[lane] if lane is not None else frozenset(self._next_ns)
+        with self._fold_lock:
+            if not self._tracker.loaded:
+                self._tracker.load()
         out: list[Transition] = []
         # One detector at a time, its findings folded at once: a slow detector does not hold back
         # another's incident, and one the live feed wakes meanwhile runs next, not after the round.
-        while (d := self._take_due(now)) is not None:
+        while (d := self._take_due(now, among)) is not None:
             at = now if now_ns is not None else self._clock()  # a fresh window for a run late in the round
             result = self._run(d, at)
             if result is None:
                 continue
-            transitions = self._tracker.observe(result, at, ran={d.name})
-            for t in transitions:
-                self.metrics.transitions.labels(transition=t.kind.value).inc()
-            self.metrics.incidents_open.set(len(self._tracker.open()))
-            self._emit_safely(transitions)
+            with self._fold_lock:
+                transitions = self._tracker.observe(result, at, ran={d.name})
+                for t in transitions:
+                    self.metrics.transitions.labels(transition=t.kind.value).inc()
+                self.metrics.incidents_open.set(len(self._tracker.open()))
+                self._emit_safely(transitions)
             out += transitions
         return out
 
-    def _take_due(self, now: int) -> Detector | None:
-        """The next detector to run at ``now`` (a woken one first), marked as run; None when none is due."""
+    def _take_due(self, now: int, among: frozenset[str]) -> Detector | None:
+        """The next detector of ``among`` to run at ``now`` (a woken one first), marked as run; None when none
+        is due."""
         with self._due_lock:
-            due = [d for d in self._detectors if self._next_ns[d.name] <= now]
+            due = [d for d in self._detectors if d.name in among and self._next_ns[d.name] <= now]
             if not due:
                 return None
             d = min(due, key=lambda x: self._next_ns[x.name])  # woken ones are at 0; else in list order
@@ -228,44 +242,58 @@ class Controller:
         """The detectors this controller runs."""
         return tuple(self._detectors)
 
+    @property
+    def lanes(self) -> Mapping[str, frozenset[str]]:
+        """Detector names by lane: ``live`` (those the live feed can wake) and ``scheduled``."""
+        return self._lanes
+
     def wake(self, names: Sequence[str]) -> None:
-        """Make the named detectors due now and wake the loop (the live feed's hook; thread-safe)."""
+        """Make the named detectors due now and wake their lanes (the live feed's hook; thread-safe)."""
         with self._due_lock:
             for name in names:
                 if name in self._next_ns:
                     self._next_ns[name] = 0
                     self.metrics.wakes.labels(detector=name).inc()
-        self._woken.set()
+        for lane, members in self._lanes.items():
+            if members.intersection(names):
+                self._woken[lane].set()
 
-    def seconds_to_next(self, now_ns: int) -> float:
-        """Seconds until the next detector is due (0 when one is due now)."""
-        if not self._next_ns:
+    def seconds_to_next(self, now_ns: int, *, lane: str | None = None) -> float:
+        """Seconds until the next detector (of ``lane``, default any) is due (0 when one is due now)."""
+        among = self._lanes[lane] if lane is not None else self._next_ns.keys()
+        with self._due_lock:
+            due = [self._next_ns[n] for n in among]
+        if not due:
             return self._floor_s
-        return max(0.0, (min(self._next_ns.values()) - now_ns) / 1e9)
+        return max(0.0, (min(due) - now_ns) / 1e9)
 
     def start(self) -> None:
-        """Tick in a thread until `stop`."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="controller", daemon=True)
-            self._thread.start()
+        """Tick in a thread per lane until `stop`."""
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._loop, args=(lane,), name=f"controller-{lane}", daemon=True)
+                             for lane, members in self._lanes.items() if members]
+            for t in self._threads:
+                t.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop after the tick in progress."""
+        """Stop after the ticks in progress."""
         self._stop.set()
-        self._woken.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        for woken in self._woken.values():
+            woken.set()
+        for t in self._threads:
+            t.join(timeout_s)
 
-    def _loop(self) -> None:
+    def _loop(self, lane: str) -> None:
         wait_s = 0.0
+        woken = self._woken[lane]
         while not self._stop.is_set():
-            self._woken.wait(wait_s)
-            self._woken.clear()
+            woken.wait(wait_s)
+            woken.clear()
             if self._stop.is_set():
                 return
             try:
-                self.tick()
-                wait_s = min(max(self.seconds_to_next(self._clock()), 0.05), self._floor_s)
+                self.tick(lane=lane)
+                wait_s = min(max(self.seconds_to_next(self._clock(), lane=lane), 0.05), self._floor_s)
             except Exception:  # store away or a tracker bug: log it, try again after a pause
                 log.exception("controller tick failed")
                 wait_s = self._floor_s

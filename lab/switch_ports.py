@@ -156,24 +156,36 @@ def meter_providers(ports: KernelPorts, *, gateway: str, cluster: str,
 def watch(ports: KernelPorts, providers: Mapping[str, MeterProvider], stopping: threading.Event, *,
           every_s: float = WATCH_S) -> None:
     """Until ``stopping`` is set: every ``every_s``, read each switch's ports, and flush its provider at once
-    when a port's state changed since the last look (the first look only learns the states)."""
-    seen: dict[str, dict[str, bool]] = {}
+    when a port's state changed since the last look (the first look only learns the states).
+
+    One thread per switch, as each switch sends its own traps: a flush waits for the gateway to make its batch
+    durable (up to a second on a loaded machine), and the far end of a cut cable must not wait for the near
+    end's flush to be read at all."""
+    threads = [threading.Thread(target=_watch_one, args=(ports, switch, provider, stopping, every_s),
+                                name=f"port-watch-{switch}", daemon=True) for switch, provider in providers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _watch_one(ports: KernelPorts, switch: str, provider: MeterProvider, stopping: threading.Event,
+               every_s: float) -> None:
+    seen: dict[str, bool] | None = None
     while not stopping.wait(every_s):
-        for switch, provider in providers.items():
+        try:
+            now = {name: port.up for name, port in ports.ports(switch).items()}
+        except Exception:  # the watcher must outlive one bad reading: the next look may be good
+            log.exception("%s: reading its ports failed", switch)
+            continue
+        before, seen = seen, now
+        if before is not None and now != before:
+            changed = sorted(n for n in now if before.get(n) != now[n])
+            log.info("%s: port(s) %s changed state; exporting now", switch, ", ".join(changed))
             try:
-                now = {name: port.up for name, port in ports.ports(switch).items()}
-            except Exception:  # the watcher must outlive one bad reading: the next look may be good
-                log.exception("%s: reading its ports failed", switch)
-                continue
-            before = seen.get(switch)
-            seen[switch] = now
-            if before is not None and now != before:
-                changed = sorted(n for n in now if before.get(n) != now[n])
-                log.info("%s: port(s) %s changed state; exporting now", switch, ", ".join(changed))
-                try:
-                    provider.force_flush(timeout_millis=5_000)
-                except Exception:  # the next periodic export carries it anyway
-                    log.warning("%s: exporting its port states failed", switch, exc_info=True)
+                provider.force_flush(timeout_millis=5_000)
+            except Exception:  # the next periodic export carries it anyway
+                log.warning("%s: exporting its port states failed", switch, exc_info=True)
 
 
 def _observe(ports: KernelPorts, switch: str,

@@ -8,9 +8,11 @@ own fleet cluster, so the trackers of different tests never see each other's inc
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,7 @@ from ridethrough.detectors.incident_events import IncidentEmitter, root_span_id
 from ridethrough.detectors.incidents import IncidentTracker, TransitionKind
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.store import Store
+from tests.conftest import wait_for
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -176,6 +179,44 @@ def plugin(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: object) -> str:
         setattr(module, key, value)
     monkeypatch.setitem(sys.modules, name, module)
     return name
+
+
+@dataclass
+class Slow(Scripted):
+    """A scheduled detector that holds its run until released (a long tomography)."""
+
+    running: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def detect(self, window: Window) -> list[Finding]:
+        self.running.set()
+        self.release.wait(30)
+        return super().detect(window)
+
+
+@dataclass
+class Triggered(Scripted):
+    """A detector the live feed can wake."""
+
+    triggers: dict[str, Any] = field(default_factory=lambda: {"ridethrough.nic.up": lambda v: v != 1.0})
+
+
+def test_a_woken_live_detector_does_not_wait_for_a_slow_scheduled_one(store: Store) -> None:
+    slow, fast = Slow("slow"), Triggered("fast", interval_s=60.0, entities=["cut"])
+    c = controller(store, "lanes", slow, fast)
+    assert c.lanes == {"live": frozenset({"fast"}), "scheduled": frozenset({"slow"})}
+    c.start()
+    try:
+        assert slow.running.wait(10), "the scheduled lane is busy"
+        runs = len(fast.windows)
+        c.wake(["fast"])
+        wait_for(lambda: len(fast.windows) > runs, timeout_s=10, what="the woken detector run")
+        wait_for(lambda: store.query("SELECT count() FROM incidents FINAL WHERE Cluster = 'lanes'")[1][0][0] == 1,
+                 timeout_s=10, what="its incident opened")
+        assert not slow.windows, "while the slow one is still in its first run"
+    finally:
+        slow.release.set()
+        c.stop()
 
 
 def test_plugins_load_through_build_or_detectors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,6 +115,41 @@ def test_a_port_that_changes_state_is_exported_at_once() -> None:
     assert not watcher.is_alive()
 
 
+class Stuck(Flushes):
+    """A flush that waits for the gateway until released (a slow, durable acknowledgement)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def force_flush(self, timeout_millis: float = 0) -> bool:
+        super().force_flush(timeout_millis)
+        return self.release.wait(10)
+
+
+def test_the_far_end_of_a_cut_is_exported_while_the_near_end_still_flushes() -> None:
+    kernel = Kernel()
+    leaf, spine = TOPO.namespace("leaf0r0"), TOPO.namespace("spine0")
+    kernel.ports = {leaf: {"spine0": Port(True, 1500, 0.0)}, spine: {"leaf0r0": Port(True, 1500, 0.0)}}
+    ports = KernelPorts(TOPO, kernel, max_age_s=0.0)
+    near, far = Stuck(), Flushes()
+    stopping = threading.Event()
+    watcher = threading.Thread(target=watch, args=(ports, {"leaf0r0": near, "spine0": far}, stopping),
+                               kwargs={"every_s": 0.01})
+    watcher.start()
+    try:
+        wait_for(lambda: kernel.reads >= 6, timeout_s=10)
+        kernel.ports = {leaf: {"spine0": Port(False, 1500, 0.0)}, spine: {"leaf0r0": Port(False, 1500, 0.0)}}
+        assert near.flushed.wait(10)
+        assert far.flushed.wait(10), "the far end's trap does not queue behind the near end's"
+        assert not near.release.is_set()
+    finally:
+        near.release.set()
+        stopping.set()
+        watcher.join(5)
+    assert not watcher.is_alive()
+
+
 def test_state_and_mtu_leave_over_otlp_as_netdev_gauges_and_drops_join_the_receive_errors(rig) -> None:
     ports, kernel, _ = rig
     kernel.ports[TOPO.namespace("spine1")] = {"leaf0r0": Port(True, 1400, 5.0), "leaf1r0": Port(False, 1500, 0.0)}

@@ -4,7 +4,7 @@ rule changes, and exported over real OTLP with the contract the detectors read."
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
@@ -22,29 +22,14 @@ from ridethrough.lab.switch_counters import (
     tbf_overlimits,
 )
 from ridethrough.lab.topology import Topology, TopologySpec
+from tests.ns_fakes import PerNamespace
 
 TOPO = Topology(TopologySpec(hosts=4, racks=2, rails=1, spines=2, gpus=0), name="t")
 
 
-class Rules:
-    """Per namespace, per interface, a rule's count (as `nft_drops` and `tbf_overlimits` report them); a namespace
-    may fail to answer."""
-
-    def __init__(self) -> None:
-        self.dropped: dict[str, dict[str, float]] = {}
-        self.broken: set[str] = set()
-        self.reads = 0
-
-    def __call__(self, ns: str) -> Mapping[str, float]:
-        self.reads += 1
-        if ns in self.broken:
-            raise LabError(f"nft in {ns}: no answer")
-        return dict(self.dropped.get(ns, {}))
-
-
 @pytest.fixture
-def rig() -> Iterator[tuple[PortCounters, Rules, set[str], list[float]]]:
-    rules, lossy, now = Rules(), set(), [0.0]
+def rig() -> Iterator[tuple[PortCounters, PerNamespace[float], set[str], list[float]]]:
+    rules, lossy, now = PerNamespace[float]("nft"), set(), [0.0]
 
     def clock() -> float:
         now[0] += 2.0  # every read is fresh
@@ -57,7 +42,7 @@ def test_a_lossy_uplink_counts_at_the_receiving_port_of_each_end(rig) -> None:
     assert counters.ports("leaf0r0") == {"h0": 0.0, "h1": 0.0, "spine0": 0.0, "spine1": 0.0}
     assert rules.reads == 0, "nothing lossy: no nft at all"
     lossy.add("leaf0r0-spine0")
-    rules.dropped = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}, TOPO.namespace("leaf0r0"): {"spine0": 7.0}}
+    rules.answers = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}, TOPO.namespace("leaf0r0"): {"spine0": 7.0}}
     assert counters.ports("leaf0r0")["spine0"] == 40.0, "what spine0 dropped towards leaf0r0 never arrived there"
     assert counters.ports("spine0")["leaf0r0"] == 7.0
     assert counters.ports("leaf1r0") == {"h2": 0.0, "h3": 0.0, "spine0": 0.0, "spine1": 0.0}
@@ -68,24 +53,24 @@ def test_counts_stay_monotonic_when_a_rule_is_replaced_removed_or_unreadable(rig
     counters, rules, lossy, _ = rig
     lossy.add("leaf0r0-spine0")
     spine = TOPO.namespace("spine0")
-    rules.dropped = {spine: {"leaf0r0": 40.0}}
+    rules.answers = {spine: {"leaf0r0": 40.0}}
     assert counters.ports("leaf0r0")["spine0"] == 40.0
-    rules.dropped = {spine: {"leaf0r0": 5.0}}  # the rule was set again: its counter restarted
+    rules.answers = {spine: {"leaf0r0": 5.0}}  # the rule was set again: its counter restarted
     assert counters.ports("leaf0r0")["spine0"] == 45.0
     rules.broken.add(spine)
     assert counters.ports("leaf0r0")["spine0"] == 45.0, "an unreadable namespace keeps the count"
     rules.broken.clear()
-    rules.dropped = {spine: {"leaf0r0": 9.0}}
+    rules.answers = {spine: {"leaf0r0": 9.0}}
     assert counters.ports("leaf0r0")["spine0"] == 49.0, "no double count after the unreadable round"
     lossy.clear()
-    rules.dropped = {}
+    rules.answers = {}
     assert counters.ports("leaf0r0")["spine0"] == 49.0, "the link restored: what was counted stays counted"
 
 
 def test_a_lossy_host_link_is_left_to_the_hosts_agent_and_an_unknown_link_is_ignored(rig) -> None:
     counters, rules, lossy, _ = rig
     lossy.update({"h0-leaf0r0", "no-such-link"})
-    rules.dropped = {TOPO.namespace("h0"): {"nic0": 3.0}, TOPO.namespace("leaf0r0"): {"h0": 4.0}}
+    rules.answers = {TOPO.namespace("h0"): {"nic0": 3.0}, TOPO.namespace("leaf0r0"): {"h0": 4.0}}
     assert counters.ports("leaf0r0")["h0"] == 3.0, "the leaf's port towards h0 receives what h0's cable lost"
     assert rules.reads == 1, "only h0's namespace is read: the host's own port is its agent's"
 
@@ -103,13 +88,13 @@ class Collector(metrics_service_pb2_grpc.MetricsServiceServicer):
 def test_every_switch_exports_its_ports_over_otlp_as_ib_port_errors(rig) -> None:
     counters, rules, lossy, _ = rig
     lossy.add("leaf0r0-spine0")
-    rules.dropped = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}}
+    rules.answers = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}}
     collector, server = Collector(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    waits = Rules()
-    waits.dropped = {TOPO.namespace("leaf1r0"): {"spine1": 12.0}}
+    waits = PerNamespace[float]("nft")
+    waits.answers = {TOPO.namespace("leaf1r0"): {"spine1": 12.0}}
     xmit = PortCounters(TOPO, lambda: {"leaf1r0-spine1"}, read=waits, at_receiver=False)
     providers = meter_providers(counters, gateway=f"127.0.0.1:{port}", cluster="t", xmit_wait=xmit, interval_s=3600)
     try:
@@ -153,7 +138,7 @@ def test_the_faulted_links_come_from_the_labs_state_and_a_missing_state_reads_as
 
 def test_a_capped_uplink_counts_its_wait_at_the_sending_port_itself(rig) -> None:
     _, rules, _, _ = rig
-    rules.dropped = {TOPO.namespace("leaf1r0"): {"spine0": 30.0}, TOPO.namespace("h2"): {"nic0": 9.0}}
+    rules.answers = {TOPO.namespace("leaf1r0"): {"spine0": 30.0}, TOPO.namespace("h2"): {"nic0": 9.0}}
     xmit = PortCounters(TOPO, lambda: {"leaf1r0-spine0", "h2-leaf1r0"}, read=rules, at_receiver=False)
     assert xmit.ports("leaf1r0") == {"h2": 0.0, "h3": 0.0, "spine0": 30.0, "spine1": 0.0}, "h2's wait: its agent's"
     assert xmit.ports("spine0")["leaf1r0"] == 0.0

@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
@@ -31,30 +31,16 @@ from ridethrough.lab.switch_ports import (
 )
 from ridethrough.lab.topology import Topology, TopologySpec
 from tests.conftest import wait_for
+from tests.ns_fakes import PerNamespace
 from tests.test_switch_counters import Collector
 
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # <linux/in.h>; Python's socket module does not name them
 TOPO = Topology(TopologySpec(hosts=4, racks=2, rails=1, spines=2, gpus=0), name="t")
 
 
-class Kernel:
-    """Per namespace, its ports as a netlink dump would give them; a namespace may fail to answer."""
-
-    def __init__(self) -> None:
-        self.ports: dict[str, dict[str, Port]] = {}
-        self.broken: set[str] = set()
-        self.reads = 0
-
-    def __call__(self, ns: str) -> Mapping[str, Port]:
-        self.reads += 1
-        if ns in self.broken:
-            raise LabError(f"reading the ports of {ns}: gone")
-        return dict(self.ports.get(ns, {}))
-
-
 @pytest.fixture
-def rig() -> Iterator[tuple[KernelPorts, Kernel, list[float]]]:
-    kernel, now = Kernel(), [0.0]
+def rig() -> Iterator[tuple[KernelPorts, PerNamespace[Port], list[float]]]:
+    kernel, now = PerNamespace[Port]("reading the ports"), [0.0]
     yield KernelPorts(TOPO, kernel, max_age_s=1.0, clock=lambda: now[0]), kernel, now
 
 
@@ -68,9 +54,9 @@ def test_a_netlink_message_becomes_a_port_and_lo_is_left_out() -> None:
 def test_only_cabled_ports_are_read_once_a_second_and_the_last_reading_outlives_a_failed_one(rig) -> None:
     ports, kernel, now = rig
     ns = TOPO.namespace("leaf0r0")
-    kernel.ports[ns] = {"spine0": Port(True, 1500, 0.0), "h0": Port(True, 1500, 2.0), "stray": Port(True, 9000, 0.0)}
+    kernel.answers[ns] = {"spine0": Port(True, 1500, 0.0), "h0": Port(True, 1500, 2.0), "stray": Port(True, 9000, 0.0)}
     assert set(ports.ports("leaf0r0")) == {"spine0", "h0"}, "a port the topology does not cable is not a switch port"
-    kernel.ports[ns]["spine0"] = Port(False, 1500, 0.0)
+    kernel.answers[ns]["spine0"] = Port(False, 1500, 0.0)
     assert ports.ports("leaf0r0")["spine0"].up, "within a second the reading is reused"
     assert kernel.reads == 1
     now[0] += 1.0
@@ -95,9 +81,9 @@ class Flushes:
 
 
 def test_a_port_that_changes_state_is_exported_at_once() -> None:
-    kernel = Kernel()
+    kernel = PerNamespace[Port]("reading the ports")
     leaf, spine = TOPO.namespace("leaf0r0"), TOPO.namespace("spine0")
-    kernel.ports = {leaf: {"spine0": Port(True, 1500, 0.0)}, spine: {"leaf0r0": Port(True, 1500, 0.0)}}
+    kernel.answers = {leaf: {"spine0": Port(True, 1500, 0.0)}, spine: {"leaf0r0": Port(True, 1500, 0.0)}}
     ports = KernelPorts(TOPO, kernel, max_age_s=0.0)
     flushes = {"leaf0r0": Flushes(), "spine0": Flushes()}
     stopping = threading.Event()
@@ -106,7 +92,7 @@ def test_a_port_that_changes_state_is_exported_at_once() -> None:
     try:
         wait_for(lambda: kernel.reads >= 6, timeout_s=10)
         assert flushes["leaf0r0"].count == 0, "nothing changed: the periodic export is enough"
-        kernel.ports[spine] = {"leaf0r0": Port(False, 1500, 0.0)}
+        kernel.answers[spine] = {"leaf0r0": Port(False, 1500, 0.0)}
         assert flushes["spine0"].flushed.wait(10)
         assert flushes["leaf0r0"].count == 0
     finally:
@@ -128,9 +114,9 @@ class Stuck(Flushes):
 
 
 def test_the_far_end_of_a_cut_is_exported_while_the_near_end_still_flushes() -> None:
-    kernel = Kernel()
+    kernel = PerNamespace[Port]("reading the ports")
     leaf, spine = TOPO.namespace("leaf0r0"), TOPO.namespace("spine0")
-    kernel.ports = {leaf: {"spine0": Port(True, 1500, 0.0)}, spine: {"leaf0r0": Port(True, 1500, 0.0)}}
+    kernel.answers = {leaf: {"spine0": Port(True, 1500, 0.0)}, spine: {"leaf0r0": Port(True, 1500, 0.0)}}
     ports = KernelPorts(TOPO, kernel, max_age_s=0.0)
     near, far = Stuck(), Flushes()
     stopping = threading.Event()
@@ -139,7 +125,7 @@ def test_the_far_end_of_a_cut_is_exported_while_the_near_end_still_flushes() -> 
     watcher.start()
     try:
         wait_for(lambda: kernel.reads >= 6, timeout_s=10)
-        kernel.ports = {leaf: {"spine0": Port(False, 1500, 0.0)}, spine: {"leaf0r0": Port(False, 1500, 0.0)}}
+        kernel.answers = {leaf: {"spine0": Port(False, 1500, 0.0)}, spine: {"leaf0r0": Port(False, 1500, 0.0)}}
         assert near.flushed.wait(10)
         assert far.flushed.wait(10), "the far end's trap does not queue behind the near end's"
         assert not near.release.is_set()
@@ -152,7 +138,7 @@ def test_the_far_end_of_a_cut_is_exported_while_the_near_end_still_flushes() -> 
 
 def test_state_and_mtu_leave_over_otlp_as_netdev_gauges_and_drops_join_the_receive_errors(rig) -> None:
     ports, kernel, _ = rig
-    kernel.ports[TOPO.namespace("spine1")] = {"leaf0r0": Port(True, 1400, 5.0), "leaf1r0": Port(False, 1500, 0.0)}
+    kernel.answers[TOPO.namespace("spine1")] = {"leaf0r0": Port(True, 1400, 5.0), "leaf1r0": Port(False, 1500, 0.0)}
     collector, server = Collector(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -9,6 +9,7 @@ which tell an unsynchronised job's slow rank.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -62,6 +63,16 @@ def _compute_per_step(window: Window) -> list[dict[str, Any]]:
     return out
 
 
+def robust_z(value: float, values: list[float]) -> float:
+    """How far ``value`` stands above the median of ``values``, in robust standard deviations (1.4826 times the
+    median absolute deviation); infinite where the values do not deviate at all (and ``value`` is above)."""
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    if mad == 0:
+        return math.inf if value > med else 0.0
+    return (value - med) / (1.4826 * mad)
+
+
 class Straggler:
     """A rank, in a job of at least ``min_ranks`` ranks, that is ``factor`` times slower than its job's median
     rank and at least an absolute margin slower, by one of two measures:
@@ -70,13 +81,22 @@ class Straggler:
       at least ``min_steps`` steps, in a job whose ranks' step counts agree within ``max_step_spread`` and
       that finished a step within ``stale_s`` of the window's end; margin ``min_compute_excess_s``);
     * for a rank that reports no compute phase, the median duration of the distinct steps it
-      reported (at least ``min_steps``; margin ``min_excess_s``)."""
+      reported (at least ``min_steps``; margin ``min_excess_s``).
+
+    By either measure the rank must also stand out from its job's spread: a robust z-score (distance from
+    the job's median over 1.4826 times the median absolute deviation) of at least ``min_z`` (3.5, the
+    Iglewicz-Hoaglin outlier bound). Many ranks sharing few cores compute at times that scatter widely
+    (in the lab, 32 ranks on 2 cores: 7 to 272 ms per step within ten seconds, median near 100), and one of
+    them is always 1.5 times the median somewhere; a rank slowed by a fault stands far outside that scatter.
+    Where the others agree exactly (no deviation), the factor and margin decide alone."""
 
     name = "straggler"
 
     def __init__(self, *, interval_s: float = 10.0, window_s: float = 120.0, factor: float = 1.5,
                  min_excess_s: float = 0.05, min_steps: int = 5, min_ranks: int = 2,
-                 min_compute_excess_s: float = 0.003, max_step_spread: float = 0.25, stale_s: float = 20.0) -> None:
+                 min_compute_excess_s: float = 0.003, max_step_spread: float = 0.25, stale_s: float = 20.0,
+                 min_z: float = 3.5) -> None:
+        self.min_z = min_z
         self.min_compute_excess_s = min_compute_excess_s
         self.stale_s = stale_s
         self.max_step_spread = max_step_spread
@@ -96,20 +116,27 @@ class Straggler:
         for ranks in by_job.values():
             if not self._in_step(ranks) or not self._stepping(ranks, window):
                 continue
-            job_med = statistics.median(r["value"] for r in ranks)
+            values = [r["value"] for r in ranks]
+            job_med = statistics.median(values)
             for r in ranks:
                 if (len(ranks) >= self.min_ranks and r["steps"] >= self.min_steps
-                        and r["value"] > self.factor * job_med and r["value"] - job_med >= self.min_compute_excess_s):
+                        and r["value"] > self.factor * job_med and r["value"] - job_med >= self.min_compute_excess_s
+                        and robust_z(r["value"], values) >= self.min_z):
                     f = self._finding(r, window, "rank_compute_per_step", "compute per step", job_med, len(ranks))
                     found[f.entity] = f
         # A rank that reports its compute phase is judged by it: in a lockstep job every rank's step time is
         # the slowest rank's, so there it shows only noise; step time is the measure for the other ranks.
         phased = {(r["job"], r["rank"]) for ranks in by_job.values() for r in ranks}
-        for r in sql.run(window, _RANK_MEDIANS, sql.params(window, min_steps=self.min_steps)):
+        rows = sql.run(window, _RANK_MEDIANS, sql.params(window, min_steps=self.min_steps))
+        medians: dict[str, list[float]] = {}
+        for r in rows:
+            medians.setdefault(r["job"], []).append(r["med"])
+        for r in rows:
             if (r["job"], r["rank"]) in phased:
                 continue
             if (r["ranks"] >= self.min_ranks and r["med"] > self.factor * r["job_med"]
-                    and r["med"] - r["job_med"] >= self.min_excess_s):
+                    and r["med"] - r["job_med"] >= self.min_excess_s
+                    and robust_z(r["med"], medians[r["job"]]) >= self.min_z):
                 f = self._finding({**r, "value": r["med"]}, window, "rank_step_medians", "median step", r["job_med"],
                                   r["ranks"])
                 found.setdefault(f.entity, f)
@@ -157,4 +184,5 @@ def build(cfg: object) -> list[Detector]:
                       min_ranks=getattr(cfg, "straggler_min_ranks", 2),
                       min_compute_excess_s=getattr(cfg, "straggler_min_compute_excess_s", 0.003),
                       max_step_spread=getattr(cfg, "straggler_max_step_spread", 0.25),
-                      stale_s=getattr(cfg, "straggler_stale_s", 20.0))]
+                      stale_s=getattr(cfg, "straggler_stale_s", 20.0),
+                      min_z=getattr(cfg, "straggler_min_z", 3.5))]

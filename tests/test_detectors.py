@@ -315,6 +315,19 @@ def test_straggler_by_compute_time_ignores_a_job_that_stopped_stepping(store: St
     assert [f.entity for f in run(store, straggler.Straggler(stale_s=1e9), c)] == ["j1/rank3"], "the control"
 
 
+def test_straggler_within_a_wide_scatter_is_noise_and_far_outside_it_is_found(store: Store) -> None:
+    """32 ranks sharing few cores compute between 50 and 150 ms a step; rank 31 at 160 ms is 1.6x the median
+    but inside the scatter (robust z about 1.6); rank 30 at 600 ms stands far outside it."""
+    c = "straggler-scatter"
+    scatter = {rank: 0.05 + 0.1 * ((rank * 7) % 30) / 29 for rank in range(30)}
+    rows = [r for rank, v in {**scatter, 31: 0.160}.items() for r in _job_counters(c, rank, v)]
+    _write(store, c, rows)
+    assert run(store, straggler.Straggler(), c) == []
+    assert [f.entity for f in run(store, straggler.Straggler(min_z=0.0), c)] == ["j1/rank31"], "the control"
+    _write(store, c, _job_counters(c, 30, 0.600))
+    assert [f.entity for f in run(store, straggler.Straggler(), c)] == ["j1/rank30"]
+
+
 def test_straggler_needs_enough_steps(store: Store) -> None:
     c = "straggler-few"
     slow = series(c, "h9", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "7"}, [2.0] * 3)

@@ -37,14 +37,18 @@ FROM otel_logs
 WHERE Timestamp >= fromUnixTimestamp64Nano({since:Int64}) AND startsWith(LogAttributes['event.name'], 'reflex.')
 ORDER BY Timestamp
 """
+# DISTINCT: an agent resends an event batch the gateway stored after the agent had given up waiting
+# (collector/export_logs.py), so one report may be stored twice; the same (rank, step) with another
+# end time is a step run again (after a restart from a checkpoint), which is what `repeats` counts.
 _STEPS = """
-SELECT toUInt32OrZero(LogAttributes['job.rank']) AS rank, toInt64OrZero(LogAttributes['job.step']) AS step,
+SELECT DISTINCT toUInt32OrZero(LogAttributes['job.rank']) AS rank, toInt64OrZero(LogAttributes['job.step']) AS step,
        toInt64OrZero(LogAttributes['job.step.end_ns']) AS end_ns
 FROM otel_logs
 WHERE LogAttributes['event.name'] = 'job.step' AND LogAttributes['job.id'] = {job:String}
 """
 _STARTS = """
-SELECT LogAttributes['event.name'], LogAttributes['job.rank'], LogAttributes['job.end.reason']
+SELECT DISTINCT LogAttributes['event.name'], LogAttributes['job.rank'], LogAttributes['job.end.reason'],
+       LogAttributes['job.time_ns']
 FROM otel_logs
 WHERE LogAttributes['event.name'] IN ('job.started', 'job.ended') AND LogAttributes['job.id'] = {job:String}
 """
@@ -167,8 +171,8 @@ def job_progress(store: Store, job: str) -> JobProgress:
     first = min(done, default=0)
     gaps = tuple(s for s in range(first, last) if s not in done)
     events = _rows(store, _STARTS, {"job": job})
-    starts = sum(1 for name, _, _ in events if name == "job.started")
-    failed = sum(1 for name, _, reason in events if name == "job.ended" and reason != "completed")
+    starts = sum(1 for name, *_ in events if name == "job.started")
+    failed = sum(1 for name, _, reason, _ in events if name == "job.ended" and reason != "completed")
     last_end = max((int(end) for _, step, end in steps if int(step) == last), default=0)
     return JobProgress(ranks=len({int(rank) for rank, _, _ in steps}), last_step=last, last_step_end_ns=last_end,
                        gaps=gaps, starts=starts, failed_ends=failed, repeats=len(pairs) - len(set(pairs)))

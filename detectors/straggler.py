@@ -17,6 +17,8 @@ from ridethrough.detectors import sql
 from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
 
 _RANK_MEDIANS = f"""
+    SELECT *, median(abs(med - job_med)) OVER (PARTITION BY job) AS job_mad
+    FROM (
     SELECT job, rank, node, host, med, steps, last_ns,
            median(med) OVER (PARTITION BY job) AS job_med,
            count() OVER (PARTITION BY job) AS ranks
@@ -37,13 +39,14 @@ _RANK_MEDIANS = f"""
         )
         GROUP BY job, rank, node
         HAVING steps >= {{min_steps:UInt64}}
-    )
+    ))
 """
 """Query ``rank_step_medians``: per rank (on its node), the median duration of its distinct steps in the
-window, beside its job's median of rank medians. The agent re-reports a rank's last step at every
-collection until it forgets the rank, so points are told apart by ``step.last`` (the step number; the
-time where it is missing): a rank that stopped stepping, or is gone, has one step and is left out
-with the ranks that have too few, and a duplicated row or a re-reported step counts once."""
+window, beside its job's median of rank medians and their median absolute deviation. The agent
+re-reports a rank's last step at every collection until it forgets the rank, so points are told
+apart by ``step.last`` (the step number; the time where it is missing): a rank that stopped
+stepping, or is gone, has one step and is left out with the ranks that have too few, and a
+duplicated row or a re-reported step counts once."""
 
 
 def _compute_per_step(window: Window) -> list[dict[str, Any]]:
@@ -63,14 +66,12 @@ def _compute_per_step(window: Window) -> list[dict[str, Any]]:
     return out
 
 
-def robust_z(value: float, values: list[float]) -> float:
-    """How far ``value`` stands above the median of ``values``, in robust standard deviations (1.4826 times the
-    median absolute deviation); infinite where the values do not deviate at all (and ``value`` is above)."""
-    med = statistics.median(values)
-    mad = statistics.median(abs(v - med) for v in values)
+def robust_z(value: float, median: float, mad: float) -> float:
+    """How far ``value`` stands above ``median``, in robust standard deviations (1.4826 times the median
+    absolute deviation ``mad``); infinite where the values do not deviate at all (and ``value`` is above)."""
     if mad == 0:
-        return math.inf if value > med else 0.0
-    return (value - med) / (1.4826 * mad)
+        return math.inf if value > median else 0.0
+    return (value - median) / (1.4826 * mad)
 
 
 class Straggler:
@@ -118,25 +119,22 @@ class Straggler:
                 continue
             values = [r["value"] for r in ranks]
             job_med = statistics.median(values)
+            mad = statistics.median(abs(v - job_med) for v in values)
             for r in ranks:
                 if (len(ranks) >= self.min_ranks and r["steps"] >= self.min_steps
                         and r["value"] > self.factor * job_med and r["value"] - job_med >= self.min_compute_excess_s
-                        and robust_z(r["value"], values) >= self.min_z):
+                        and robust_z(r["value"], job_med, mad) >= self.min_z):
                     f = self._finding(r, window, "rank_compute_per_step", "compute per step", job_med, len(ranks))
                     found[f.entity] = f
         # A rank that reports its compute phase is judged by it: in a lockstep job every rank's step time is
         # the slowest rank's, so there it shows only noise; step time is the measure for the other ranks.
         phased = {(r["job"], r["rank"]) for ranks in by_job.values() for r in ranks}
-        rows = sql.run(window, _RANK_MEDIANS, sql.params(window, min_steps=self.min_steps))
-        medians: dict[str, list[float]] = {}
-        for r in rows:
-            medians.setdefault(r["job"], []).append(r["med"])
-        for r in rows:
+        for r in sql.run(window, _RANK_MEDIANS, sql.params(window, min_steps=self.min_steps)):
             if (r["job"], r["rank"]) in phased:
                 continue
             if (r["ranks"] >= self.min_ranks and r["med"] > self.factor * r["job_med"]
                     and r["med"] - r["job_med"] >= self.min_excess_s
-                    and robust_z(r["med"], medians[r["job"]]) >= self.min_z):
+                    and robust_z(r["med"], r["job_med"], r["job_mad"]) >= self.min_z):
                 f = self._finding({**r, "value": r["med"]}, window, "rank_step_medians", "median step", r["job_med"],
                                   r["ranks"])
                 found.setdefault(f.entity, f)

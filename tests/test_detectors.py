@@ -328,6 +328,24 @@ def test_straggler_within_a_wide_scatter_is_noise_and_far_outside_it_is_found(st
     assert [f.entity for f in run(store, straggler.Straggler(), c)] == ["j1/rank30"]
 
 
+def test_straggler_by_step_time_within_a_wide_scatter_is_noise(store: Store) -> None:
+    """The same by median step time, for ranks that report no phases (the job's median and MAD in SQL):
+    30 ranks step in 0.5 to 1.5 s; rank 31 at 1.6 s is inside the scatter; rank 30 at 6 s is not."""
+    c = "straggler-step-scatter"
+
+    def steps(rank: int, seconds: float) -> list[dict[str, Any]]:
+        return series(c, f"h{rank}", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": str(rank)},
+                      [seconds] * N)
+
+    _write(store, c, [r for rank in range(30) for r in steps(rank, 0.5 + ((rank * 7) % 30) / 29)] + steps(31, 1.6))
+    assert run(store, straggler.Straggler(), c) == []
+    found = run(store, straggler.Straggler(min_z=0.0), c)
+    assert [f.entity for f in found] == ["j1/rank31"], "the control"
+    assert found[0].evidence["query"] == "rank_step_medians"
+    _write(store, c, steps(30, 6.0))
+    assert [f.entity for f in run(store, straggler.Straggler(), c)] == ["j1/rank30"]
+
+
 def test_straggler_needs_enough_steps(store: Store) -> None:
     c = "straggler-few"
     slow = series(c, "h9", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "7"}, [2.0] * 3)

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent import futures
 
-import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
 from ridethrough.lab.control import LabError
 from ridethrough.lab.switch_counters import (
@@ -23,6 +20,7 @@ from ridethrough.lab.switch_counters import (
 )
 from ridethrough.lab.topology import Topology, TopologySpec
 from tests.ns_fakes import PerNamespace
+from tests.otlp_sink import export_once
 
 TOPO = Topology(TopologySpec(hosts=4, racks=2, rails=1, spines=2, gpus=0), name="t")
 
@@ -75,38 +73,18 @@ def test_a_lossy_host_link_is_left_to_the_hosts_agent_and_an_unknown_link_is_ign
     assert rules.reads == 1, "only h0's namespace is read: the host's own port is its agent's"
 
 
-class Collector(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self) -> None:
-        self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
-
-    def Export(self, request: metrics_service_pb2.ExportMetricsServiceRequest,
-               context: grpc.ServicerContext) -> metrics_service_pb2.ExportMetricsServiceResponse:
-        self.requests.append(request)
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-
 def test_every_switch_exports_its_ports_over_otlp_as_ib_port_errors(rig) -> None:
     counters, rules, lossy, _ = rig
     lossy.add("leaf0r0-spine0")
     rules.answers = {TOPO.namespace("spine0"): {"leaf0r0": 40.0}}
-    collector, server = Collector(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
     waits = PerNamespace[float]("nft")
     waits.answers = {TOPO.namespace("leaf1r0"): {"spine1": 12.0}}
     xmit = PortCounters(TOPO, lambda: {"leaf1r0-spine1"}, read=waits, at_receiver=False)
-    providers = meter_providers(counters, gateway=f"127.0.0.1:{port}", cluster="t", xmit_wait=xmit, interval_s=3600)
-    try:
-        for p in providers:
-            p.force_flush(10_000)
-    finally:
-        for p in providers:
-            p.shutdown()
-        server.stop(1)
+    requests = export_once(lambda gateway: meter_providers(counters, gateway=gateway, cluster="t", xmit_wait=xmit,
+                                                            interval_s=3600))
     seen: dict[tuple[str, str], float] = {}
     waited: dict[tuple[str, str], float] = {}
-    for req in collector.requests:
+    for req in requests:
         for rm in req.resource_metrics:
             res = {kv.key: kv.value.string_value for kv in rm.resource.attributes}
             assert res["ridethrough.cluster"] == "t" and res["service.name"] == "ridethrough-switch"

@@ -8,11 +8,8 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 
-import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
 from ridethrough.lab import netns
 from ridethrough.lab.control import LabError
@@ -32,7 +29,7 @@ from ridethrough.lab.switch_ports import (
 from ridethrough.lab.topology import Topology, TopologySpec
 from tests.conftest import wait_for
 from tests.ns_fakes import PerNamespace
-from tests.test_switch_counters import Collector
+from tests.otlp_sink import export_once
 
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # <linux/in.h>; Python's socket module does not name them
 TOPO = Topology(TopologySpec(hosts=4, racks=2, rails=1, spines=2, gpus=0), name="t")
@@ -139,23 +136,12 @@ def test_the_far_end_of_a_cut_is_exported_while_the_near_end_still_flushes() -> 
 def test_state_and_mtu_leave_over_otlp_as_netdev_gauges_and_drops_join_the_receive_errors(rig) -> None:
     ports, kernel, _ = rig
     kernel.answers[TOPO.namespace("spine1")] = {"leaf0r0": Port(True, 1400, 5.0), "leaf1r0": Port(False, 1500, 0.0)}
-    collector, server = Collector(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
     errors = PortCounters(TOPO, lambda: [], read=lambda ns: {})
-    providers = list(meter_providers(ports, gateway=f"127.0.0.1:{port}", cluster="t", interval_s=3600).values())
-    providers += counter_providers(errors, gateway=f"127.0.0.1:{port}", cluster="t", dropped=ports.rx_dropped,
-                                   interval_s=3600)
-    try:
-        for p in providers:
-            p.force_flush(10_000)
-    finally:
-        for p in providers:
-            p.shutdown()
-        server.stop(1)
+    requests = export_once(lambda gateway: [
+        *meter_providers(ports, gateway=gateway, cluster="t", interval_s=3600).values(),
+        *counter_providers(errors, gateway=gateway, cluster="t", dropped=ports.rx_dropped, interval_s=3600)])
     seen: dict[tuple[str, str, str], float] = {}
-    for req in collector.requests:
+    for req in requests:
         for rm in req.resource_metrics:
             node = {kv.key: kv.value.string_value for kv in rm.resource.attributes}["ridethrough.node.id"]
             for sm in rm.scope_metrics:

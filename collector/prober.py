@@ -12,7 +12,9 @@ times from the kernel's receive stamps; every stamp is mapped onto the host's cl
 A reply is matched to its probe by (NIC, sequence number) and must echo the probe's random
 cookie, come from the address the probe went to, name the right endpoints, and carry
 times that make one exchange; otherwise it is dropped and counted by `DropReason` (the probe
-still waits for its real reply). A probe with no reply within ``timeout_s`` is lost
+still waits for its real reply). A probe with no reply within ``timeout_s`` is lost (replies
+already waiting in the sockets are read before any probe expires: an agent starved of CPU for
+seconds does not count the answers it was late to read as losses)
 (`PathCounters` splits losses by direction); a path that loses ``losses_to_suspend`` in a row
 is suspended and retried later with exponential backoff (`PathHealth`), or at once when the
 peer's own probes reach our responder over that path (`heard_from`: the host is back, and a
@@ -244,6 +246,9 @@ class Prober(SocketWorker):
         """Plan paths, send a round of pairs if one is due, count lost probes; seconds until the next thing due."""
         if now_s < self._quiet_until_s:
             return self._quiet_until_s - now_s  # woken by a reply: nothing is due yet
+        # Take the replies already waiting before anything expires: on a loaded host this thread may not
+        # run for seconds, and a probe answered in time is not lost because its answer was read late.
+        self.poll(0)
         sent_on: set[str] = set()
         with self._lock:
             if now_s >= self._next_plan_s:

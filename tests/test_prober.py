@@ -341,6 +341,38 @@ def test_the_prober_drops_spoofed_replayed_and_impossible_replies() -> None:
         peer.sock.close()
 
 
+@pytest.mark.skipif(not LINUX, reason="kernel timestamps are Linux's")
+def test_answers_waiting_while_the_prober_was_stalled_are_received_not_lost() -> None:
+    """The prober's thread did not run for 6 s (a starved host); both probes were answered at once, and the
+    answers waited in its socket: they are received. A reply sent after the expiry is late, the control."""
+    peer, samples, mono = ScriptedPeer(), [], FakeMono()
+    prober = Prober(node="a", local={"nic0": "127.0.0.13"}, peers={"b": {"nic0": peer.address}},
+                    on_sample=samples.append, settings=ProberSettings(interval_s=10.0, timeout_s=5.0), monotonic=mono)
+    prober.open()
+    try:
+        mono.now += 2.0
+        prober.tick(mono.now)
+        (first, to), (second, _) = peer.probe(), peer.probe()
+        peer.reply(first, to)
+        peer.reply(second, to)
+        time.sleep(0.2)  # both reach the prober's socket; nothing reads it
+        mono.now += 6.0
+        prober.tick(mono.now)
+        status = prober.paths()[0]
+        assert (status.received, status.lost, len(samples)) == (2, 0, 2)
+        mono.now += 6.0
+        prober.tick(mono.now)  # the next round (10 s +- 10 % after the first)
+        (third, _), _ = peer.probe(), peer.probe()
+        mono.now += 6.0
+        prober.tick(mono.now)
+        peer.reply(third, to)
+        wait_for(lambda: pump(prober) and prober.dropped()[DropReason.LATE] == 1, timeout_s=5, what="late")
+        assert prober.paths()[0].lost == 2
+    finally:
+        prober.close()
+        peer.sock.close()
+
+
 def pump(prober: Prober) -> bool:
     """Handle what reached a prober that runs without its thread; True, for use in a condition."""
     prober.poll(0.05)

@@ -8,7 +8,10 @@ Started detached by ``lab up``; it owns what must keep running after ``lab up`` 
   and the server is ready (none is restarted; exits are logged and recorded);
 * the fake-IB `CounterPump` of every host, ticking every 0.5 s from the host's NIC veth
   statistics (IFLA_STATS64 over netlink, inside the host's namespace);
-* scheduled operations (a flap's downs and ups, a NIC ramp's link down), run when due;
+* scheduled operations (a flap's downs and ups, a NIC ramp's link down), run when due, on a
+  thread of their own with the lab's handle attached beforehand: a scenario's truth puts the
+  failure at the due time, so neither a counter pump in progress nor the first use's imports and
+  netlink sockets may delay it (each run logs how long after its due time it finished);
 * in a namespace lab, the switch agent (`ridethrough.lab.switch_agent`, in the root namespace),
   once the server is ready: one control plane per leaf, on the server's management address.
 
@@ -325,13 +328,26 @@ class Supervisor:
             try:
                 if entry["op"] not in SCHEDULABLE:
                     raise ValueError(f"not a schedulable operation: {entry['op']}")
-                if self._lab is None:
-                    from ridethrough.lab.fabric import Lab
-                    self._lab = Lab.attach(self.state["name"], state_root=self.sf.root)
-                getattr(self._lab, entry["op"])(**entry["args"])
-                log.info("ran scheduled %s %s", entry["op"], entry["args"])
+                getattr(self.fabric(), entry["op"])(**entry["args"])
+                log.info("ran scheduled %s %s (done %.3f s after due)", entry["op"], entry["args"],
+                         (time.time_ns() - entry["at_ns"]) / 1e9)
             except Exception:
                 log.exception("scheduled %s %s failed", entry["op"], entry["args"])
+
+    def fabric(self) -> Any:
+        """The handle scheduled operations run on (attached once)."""
+        if self._lab is None:
+            from ridethrough.lab.fabric import Lab
+            self._lab = Lab.attach(self.state["name"], state_root=self.sf.root)
+        return self._lab
+
+    def run_schedule(self) -> None:
+        """Run scheduled operations when due, until told to stop (the scheduler thread)."""
+        while not self.stopping.wait(LOOP_INTERVAL_S):
+            try:
+                self.run_due()
+            except Exception:
+                log.exception("schedule check failed")
 
     # -- main ------------------------------------------------------------------------------
 
@@ -358,17 +374,23 @@ class Supervisor:
         return 0
 
     def loop(self) -> None:
-        """Reap, run what is due, pump counters; until told to stop."""
+        """Reap and pump counters, scheduled operations on their own thread; until told to stop."""
+        if self.state.get("mode") == "netns":
+            try:
+                lab = self.fabric()  # now, not at the first due operation
+                for node in lab.topology.nodes():
+                    lab.handle(node)  # each namespace's netlink socket open before a scheduled cut needs it
+            except Exception:
+                log.exception("attaching to the lab failed (tried again at the first scheduled operation)")
+        scheduler = threading.Thread(target=self.run_schedule, name="schedule", daemon=True)
+        scheduler.start()
         next_pump = time.monotonic() + PUMP_INTERVAL_S
         while not self.stopping.wait(LOOP_INTERVAL_S):
             self.reap()
-            try:
-                self.run_due()
-            except Exception:
-                log.exception("schedule check failed")
             if time.monotonic() >= next_pump:
                 self.tick_pumps()
                 next_pump += PUMP_INTERVAL_S
+        scheduler.join(5)
 
 
 def main(argv: list[str] | None = None) -> int:

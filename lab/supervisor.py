@@ -47,13 +47,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ridethrough.lab import netns, procs
 from ridethrough.lab.fake_ib import CounterPump, NicStats
 from ridethrough.lab.netns import Handles, NsHandle
 from ridethrough.lab.state import State, StateFile
 from ridethrough.lab.switch_agent import SWITCHES_FILE, lab_topology, switch_map, switch_targets
+
+if TYPE_CHECKING:  # imported when first used: the supervisor starts before it needs the fabric
+    from ridethrough.lab.fabric import Lab
 
 log = logging.getLogger("ridethrough.lab.supervisor")
 PUMP_INTERVAL_S = 0.5
@@ -165,7 +168,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.handles = Handles()
         self.pumps: list[CounterPump] = []
-        self._lab: Any = None
+        self._lab: Lab | None = None
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -334,7 +337,7 @@ class Supervisor:
             except Exception:
                 log.exception("scheduled %s %s failed", entry["op"], entry["args"])
 
-    def fabric(self) -> Any:
+    def fabric(self) -> Lab:
         """The handle scheduled operations run on (attached once)."""
         if self._lab is None:
             from ridethrough.lab.fabric import Lab
@@ -378,7 +381,7 @@ class Supervisor:
         if self.state.get("mode") == "netns":
             try:
                 lab = self.fabric()  # now, not at the first due operation
-                for node in lab.topology.nodes():
+                for node in lab.topology.nodes:
                     lab.handle(node)  # each namespace's netlink socket open before a scheduled cut needs it
             except Exception:
                 log.exception("attaching to the lab failed (tried again at the first scheduled operation)")

@@ -56,3 +56,36 @@ def test_a_due_link_cut_is_not_held_up_by_a_slow_counter_pump(tmp_path: Path) ->
     # on the pump's thread it would wait for the tick to end, 1.7 s late
     assert 0 <= (ran_ns - due_ns) / 1e9 < 0.8
     assert sf.read()["schedule"] == []
+
+
+class Topology:
+    nodes = ["h0", "leaf0r0", "spine0"]  # a property on the real Topology, not a method
+
+
+class AttachedFabric(Fabric):
+    """A lab whose namespace handles the supervisor opens when its loop starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.topology = Topology()
+        self.opened: list[str] = []
+
+    def handle(self, node: str) -> object:
+        self.opened.append(node)
+        return object()
+
+
+def test_a_netns_lab_is_attached_and_its_namespaces_opened_when_the_loop_starts(tmp_path: Path) -> None:
+    sf = StateFile(tmp_path, "attach")
+    sf.create({"name": "attach", "mode": "netns", "dir": str(tmp_path / "attach"), "hosts": {}})
+    sup = Supervisor(sf)
+    fabric = AttachedFabric()
+    sup.fabric = lambda: fabric  # type: ignore[method-assign,assignment,return-value]
+    loop = threading.Thread(target=sup.loop)
+    loop.start()
+    try:
+        wait_for(lambda: len(fabric.opened) == 3, timeout_s=5, what="every namespace's handle")
+    finally:
+        sup.stopping.set()
+        loop.join(5)
+    assert fabric.opened == Topology.nodes

@@ -45,7 +45,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from ridethrough.collector.export import BufferingMetricExporter, OTLPBytesExporter
+from ridethrough.collector.export import BufferingMetricExporter, MergeEncoded, OTLPBytesExporter
 from ridethrough.collector.export_logs import BufferingLogExporter
 from ridethrough.collector.identity import AgentIdentity
 from ridethrough.collector.link_watch import LinkWatch
@@ -135,7 +135,7 @@ class Agent:
         # ``headers``: call metadata for every export, e.g. the ingest bearer token
         self.exporter = BufferingMetricExporter(
             OTLPBytesExporter(endpoint=gateway, timeout_s=export_timeout_s, headers=headers),
-            max_batches=buffer_max_batches)
+            max_batches=buffer_max_batches, merge=MergeEncoded())
         self._logs = LoggerProvider(resource=self._resource)
         # events wait out a gateway that is away as metrics do (the SDK's processor drops what fails)
         self.event_exporter = BufferingLogExporter(

@@ -9,11 +9,15 @@ fresh channel after the first UNAVAILABLE, waits that a shutdown interrupts).
 The exporter alone retries one export and then gives up on it. Wrapped in
 `BufferingMetricExporter`, a failed export waits in a bounded queue and is sent, oldest
 first, before the next one; when the queue is full the oldest batch is dropped and
-counted. The agent keeps running whatever the gateway does.
+counted. The agent keeps running whatever the gateway does. Given a ``merge``, the queue
+sends its backlog in as few calls as a size cap allows (serialised OTLP requests merge by
+concatenation): after a busy spell the newest readings reach the gateway one round trip
+later, not one round trip per batch queued ahead of them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -150,18 +154,34 @@ def _note_partial_success(response: ExportMetricsServiceResponse, endpoint: str)
         log.warning("gateway %s rejected %d point(s): %s", endpoint, rejected, response.partial_success.error_message)
 
 
+class Merge(Protocol[Queued]):
+    """How a queue joins batches into one send: ``join`` several into one, ``size`` of one against ``max_size``."""
+
+    max_size: int
+
+    def join(self, batches: Sequence[Queued], /) -> Queued:
+        """One batch carrying all of ``batches``."""
+
+    def size(self, batch: Queued, /) -> int:
+        """A batch's size in the unit of ``max_size``."""
+
+
 class RetryQueue(Generic[Queued]):
     """Batches that failed to send, oldest first, at most ``max_batches``; when full, the oldest is dropped.
 
     ``count`` says how many items (points, records) a batch holds, for the drop counters; ``what``
-    names them in the log.
+    names them in the log. With ``merge``, the batches at the head go out joined in one send, as
+    many as fit in ``merge.max_size`` (always at least one); they leave the queue together when it
+    succeeds.
     """
 
-    def __init__(self, *, max_batches: int, count: Callable[[Queued], int], what: str) -> None:
+    def __init__(self, *, max_batches: int, count: Callable[[Queued], int], what: str,
+                 merge: Merge[Queued] | None = None) -> None:
         self._queue: deque[Queued] = deque()
         self._max = max_batches
         self._count = count
         self._what = what
+        self._merge = merge
         self._lock = threading.Lock()
         self.dropped_batches = 0
         self.dropped_items = 0
@@ -183,14 +203,29 @@ class RetryQueue(Generic[Queued]):
                 self._queue.append(batch)
                 self._trim()
             while self._queue:
-                if not attempt(self._queue[0]):
+                head = self._head()
+                if not attempt(head[0] if len(head) == 1 else self._merge.join(head)):  # type: ignore[union-attr]
                     log.warning("gateway unreachable; %d export(s) buffered (%s)", len(self._queue), self._what)
                     return False
-                self._queue.popleft()
-                self.sent_batches += 1
+                for _ in head:
+                    self._queue.popleft()
+                self.sent_batches += len(head)
             return True
         finally:
             self._lock.release()
+
+    def _head(self) -> list[Queued]:
+        """The batches the next send carries: the oldest, and those after it that fit with it."""
+        head = [self._queue[0]]
+        if self._merge is None:
+            return head
+        total = self._merge.size(head[0])
+        for batch in itertools.islice(self._queue, 1, None):
+            total += self._merge.size(batch)
+            if total > self._merge.max_size:
+                break
+            head.append(batch)
+        return head
 
     def _trim(self) -> None:
         while len(self._queue) > self._max:
@@ -201,11 +236,12 @@ class RetryQueue(Generic[Queued]):
 
 
 class BufferingMetricExporter(Generic[Batch]):
-    """Delegates to ``inner``; queues failed exports, at most ``max_batches`` of them."""
+    """Delegates to ``inner``; queues failed exports, at most ``max_batches`` of them (``merge``: see `RetryQueue`)."""
 
-    def __init__(self, inner: BatchExporter[Batch], *, max_batches: int) -> None:
+    def __init__(self, inner: BatchExporter[Batch], *, max_batches: int, merge: Merge[Batch] | None = None) -> None:
         self._inner: BatchExporter[Batch] = inner
-        self._queue: RetryQueue[Batch] = RetryQueue(max_batches=max_batches, count=count_points, what="metric")
+        self._queue: RetryQueue[Batch] = RetryQueue(max_batches=max_batches, count=count_points, what="metric",
+                                                    merge=merge)
 
     @property
     def buffered_batches(self) -> int:
@@ -247,3 +283,21 @@ def count_points(batch: MetricsData | EncodedMetrics) -> int:
     if isinstance(batch, EncodedMetrics):
         return batch.points
     return sum(len(m.data.data_points) for rm in batch.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+
+
+class MergeEncoded:
+    """Joins serialised ``ExportMetricsServiceRequest``s: protobuf concatenates a repeated field's
+    entries when messages are concatenated, so the bytes laid end to end are one request holding
+    every batch's resource metrics. ``max_size`` in bytes (keep it under the gateway's message limit)."""
+
+    def __init__(self, max_bytes: int = 4 << 20) -> None:
+        self.max_size = max_bytes
+
+    def join(self, batches: Sequence[EncodedMetrics], /) -> EncodedMetrics:
+        """One request with every batch's points."""
+        return EncodedMetrics(payload=b"".join(b.payload for b in batches), points=sum(b.points for b in batches))
+
+    def size(self, batch: EncodedMetrics, /) -> int:
+        """The serialised request's bytes."""
+        return len(batch.payload)
+

@@ -4,7 +4,7 @@ The SDK's `BatchLogRecordProcessor` drops a batch its exporter fails to send. Fo
 events that loses exactly what matters most when the fleet is struggling: job steps (goodput and
 straggler detection read them), XIDs, reflex reroutes. `BufferingLogExporter` sits between the
 processor and the OTLP exporter: a batch that fails waits in a bounded `RetryQueue` and goes out,
-oldest first, before the next one; `retry` sends the queue without a new batch (the agent calls it
+oldest first, before the next one (the backlog joined into sends of up to ``max_records`` events); `retry` sends the queue without a new batch (the agent calls it
 every export interval, so a lone event does not wait for the next one). A retried batch the gateway
 had in fact stored arrives twice; readers count distinct events (steps by job, rank and step).
 """
@@ -21,12 +21,29 @@ from ridethrough.collector.export import RetryQueue
 LogBatch = tuple[ReadableLogRecord, ...]
 
 
+class MergeRecords:
+    """Joins event batches (tuples of records) into one, up to ``max_size`` records."""
+
+    def __init__(self, max_records: int) -> None:
+        self.max_size = max_records
+
+    def join(self, batches: Sequence[LogBatch], /) -> LogBatch:
+        """The records of every batch, oldest first."""
+        return tuple(r for b in batches for r in b)
+
+    def size(self, batch: LogBatch, /) -> int:
+        """How many records."""
+        return len(batch)
+
+
 class BufferingLogExporter(LogRecordExporter):
     """Delegates to ``inner``; queues failed exports, at most ``max_batches`` of them (the oldest dropped first)."""
 
-    def __init__(self, inner: LogRecordExporter, *, max_batches: int) -> None:
+    def __init__(self, inner: LogRecordExporter, *, max_batches: int, max_records: int = 2048) -> None:
+        """``max_records``: at most this many events in one send of the backlog (batches are joined up to it)."""
         self._inner = inner
-        self._queue: RetryQueue[LogBatch] = RetryQueue(max_batches=max_batches, count=len, what="event")
+        self._queue: RetryQueue[LogBatch] = RetryQueue(max_batches=max_batches, count=len, what="event",
+                                                       merge=MergeRecords(max_records))
         self._stopped = False
 
     @property

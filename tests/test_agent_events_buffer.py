@@ -78,11 +78,14 @@ class Refusing(LogRecordExporter):
     def __init__(self) -> None:
         self.ok = False
         self.taken: list[str] = []
+        self.sends: list[int] = []
+        """How many records each successful export carried."""
 
     def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
         if not self.ok:
             return LogRecordExportResult.FAILURE
         self.taken += [str(r.log_record.body) for r in batch]
+        self.sends.append(len(batch))
         return LogRecordExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -123,3 +126,25 @@ def test_after_shutdown_nothing_is_sent_and_the_queue_is_kept_counted() -> None:
     buffered.shutdown()
     inner.ok = True
     assert not buffered.retry() and inner.taken == [] and buffered.buffered_batches == 1
+
+
+def test_a_backlog_goes_out_joined_in_as_few_sends_as_the_record_cap_allows() -> None:
+    inner = Refusing()
+    buffered = BufferingLogExporter(inner, max_batches=10, max_records=4)
+    for batch in (("a", "b"), ("c",), ("d",), ("e", "f", "g"), ("h",)):
+        assert buffered.export(_batch(*batch)) is LogRecordExportResult.FAILURE
+    inner.ok = True
+    assert buffered.export(_batch("i")) is LogRecordExportResult.SUCCESS
+    assert inner.taken == list("abcdefghi"), "oldest first, none twice"
+    assert inner.sends == [4, 4, 1]  # a+b+c+d, e+f+g+h, i: each send as full as the cap allows
+    assert buffered.buffered_batches == 0
+
+
+def test_a_batch_over_the_cap_still_goes_out_alone() -> None:
+    inner = Refusing()
+    buffered = BufferingLogExporter(inner, max_batches=10, max_records=2)
+    assert buffered.export(_batch("a", "b", "c")) is LogRecordExportResult.FAILURE
+    assert buffered.export(_batch("d")) is LogRecordExportResult.FAILURE
+    inner.ok = True
+    assert buffered.force_flush()
+    assert inner.sends == [3, 1] and inner.taken == list("abcd")

@@ -21,7 +21,7 @@ from opentelemetry.sdk.resources import Resource
 
 from ridethrough.certs import make_certs
 from ridethrough.collector.agent import SCOPE
-from ridethrough.collector.export import BufferingMetricExporter, OTLPBytesExporter
+from ridethrough.collector.export import BufferingMetricExporter, MergeEncoded, OTLPBytesExporter
 from ridethrough.collector.otlp_encode import EncodedMetrics, SampleEncoder
 from ridethrough.collector.sample import MetricKind, Sample
 
@@ -194,6 +194,40 @@ def test_buffer_keeps_failed_exports_and_sends_them_oldest_first_when_the_gatewa
         assert exporter.dropped_batches == 1 and exporter.dropped_points == 3
         assert [_values(r)[0] for r in gateway.received] == [10.0, 20.0, 30.0], "the oldest batch was the one dropped"
         assert exporter.buffered_batches == 0 and exporter.sent_batches == 3
+    finally:
+        exporter.shutdown()
+        gateway.stop()
+
+
+
+def test_a_merged_backlog_reaches_the_gateway_in_one_request_the_newest_readings_with_it() -> None:
+    gateway = FakeGateway(fail=3, code=grpc.StatusCode.INVALID_ARGUMENT)
+    exporter = BufferingMetricExporter(OTLPBytesExporter(endpoint=gateway.endpoint, timeout_s=5), max_batches=10,
+                                       merge=MergeEncoded())
+    try:
+        assert [exporter.export(_batch(value=10.0 * k)) for k in range(3)] == [MetricExportResult.FAILURE] * 3
+        assert exporter.export(_batch(value=30.0)) is MetricExportResult.SUCCESS
+        assert gateway.calls == 4, "the backlog and the new batch went in one call"
+        [request] = gateway.received
+        assert [[p.as_double for p in rm.scope_metrics[0].metrics[0].gauge.data_points]
+                for rm in request.resource_metrics] == [[10.0 * k + i for i in range(3)] for k in range(4)]
+        assert exporter.buffered_batches == 0 and exporter.sent_batches == 4
+    finally:
+        exporter.shutdown()
+        gateway.stop()
+
+
+def test_a_merged_send_stays_under_its_byte_cap() -> None:
+    one = len(_batch().payload)
+    gateway = FakeGateway(fail=4, code=grpc.StatusCode.INVALID_ARGUMENT)
+    exporter = BufferingMetricExporter(OTLPBytesExporter(endpoint=gateway.endpoint, timeout_s=5), max_batches=10,
+                                       merge=MergeEncoded(max_bytes=2 * one))
+    try:
+        for k in range(4):
+            exporter.export(_batch(value=10.0 * k))
+        assert exporter.export(_batch(value=40.0)) is MetricExportResult.SUCCESS
+        assert [len(r.resource_metrics) for r in gateway.received] == [2, 2, 1]
+        assert [_values(r)[0] for r in gateway.received] == [0.0, 20.0, 40.0]
     finally:
         exporter.shutdown()
         gateway.stop()

@@ -300,4 +300,3 @@ class MergeEncoded:
     def size(self, batch: EncodedMetrics, /) -> int:
         """The serialised request's bytes."""
         return len(batch.payload)
-

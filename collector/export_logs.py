@@ -6,8 +6,8 @@ straggler detection read them), XIDs, reflex reroutes. `BufferingLogExporter` si
 processor and the OTLP exporter: a batch that fails waits in a bounded `RetryQueue` and goes out,
 oldest first, before the next one (the backlog joined into sends of up to ``max_records`` events);
 `retry` sends the queue without a new batch (the agent calls it every export interval, so a lone
-event does not wait for the next one). A retried batch the gateway
-had in fact stored arrives twice; readers count distinct events (steps by job, rank and step).
+event does not wait for the next one). A retried batch the gateway had in fact stored arrives
+twice; readers count distinct events (steps by job, rank and step).
 """
 
 from __future__ import annotations

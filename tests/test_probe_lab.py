@@ -73,9 +73,11 @@ def probing(lab: Lab, peers: Path, duration_s: float) -> Iterator[dict[str, Any]
     Output goes to files, not pipes: a pipe nobody reads while probing would fill and stall the prober.
     """
     outs = {h: peers.parent / f"{h}-{time.monotonic_ns()}.out" for h in lab.topology.hosts}
+    # a 2 s timeout: on a busy 2-core machine a responder can be starved for half a second, and its
+    # late answer is not a lost probe (the kernel's stamps still give the true delays)
     procs = {h: lab.exec(h, [*PROBE, "--node", h, "--peers", str(peers), "--duration-s", str(duration_s),
                              "--clock-script", str(lab.host_dir(h) / "clock.json"), "--interval-s", "0.05",
-                             "--timeout-s", "0.5", "--samples", "--wait-go"],
+                             "--timeout-s", "2.0", "--samples", "--wait-go"],
                          stdin=subprocess.PIPE, stdout=outs[h].open("w"), stderr=subprocess.PIPE, text=True)
              for h in lab.topology.hosts}
     result: dict[str, Any] = {"summary": {}}

@@ -171,8 +171,10 @@ class RetryQueue(Generic[Queued]):
 
     ``count`` says how many items (points, records) a batch holds, for the drop counters; ``what``
     names them in the log. With ``merge``, the batches at the head go out joined in one send, as
-    many as fit in ``merge.max_size`` (always at least one); they leave the queue together when it
-    succeeds.
+    many as fit in the send budget (always at least one); they leave the queue together when it
+    succeeds. The budget starts at ``merge.max_size``; a joined send that fails halves it and one
+    that succeeds doubles it back (up to ``merge.max_size``): a gateway too busy to take the whole
+    backlog in one call's time gets smaller calls, not the same large one again and again.
     """
 
     def __init__(self, *, max_batches: int, count: Callable[[Queued], int], what: str,
@@ -182,6 +184,7 @@ class RetryQueue(Generic[Queued]):
         self._count = count
         self._what = what
         self._merge = merge
+        self._budget = merge.max_size if merge is not None else 0
         self._lock = threading.Lock()
         self.dropped_batches = 0
         self.dropped_items = 0
@@ -203,29 +206,40 @@ class RetryQueue(Generic[Queued]):
                 self._queue.append(batch)
                 self._trim()
             while self._queue:
-                head = self._head()
+                head, size = self._head()
                 if not attempt(head[0] if len(head) == 1 else self._merge.join(head)):  # type: ignore[union-attr]
                     log.warning("gateway unreachable; %d export(s) buffered (%s)", len(self._queue), self._what)
+                    if len(head) > 1:
+                        self._budget = max(1, size // 2)
                     return False
                 for _ in head:
                     self._queue.popleft()
                 self.sent_batches += len(head)
+                if self._merge is not None:
+                    self._budget = min(self._merge.max_size, max(self._budget, size) * 2)
             return True
         finally:
             self._lock.release()
 
-    def _head(self) -> list[Queued]:
-        """The batches the next send carries: the oldest, and those after it that fit with it."""
+    @property
+    def budget(self) -> int:
+        """How much the next joined send may carry, in ``merge.max_size``'s unit (0 without a merge)."""
+        return self._budget
+
+    def _head(self) -> tuple[list[Queued], int]:
+        """The batches the next send carries (the oldest, and those after it that fit the budget with it),
+        and their size."""
         head = [self._queue[0]]
         if self._merge is None:
-            return head
+            return head, 0
         total = self._merge.size(head[0])
         for batch in itertools.islice(self._queue, 1, None):
-            total += self._merge.size(batch)
-            if total > self._merge.max_size:
+            size = self._merge.size(batch)
+            if total + size > self._budget:
                 break
+            total += size
             head.append(batch)
-        return head
+        return head, total
 
     def _trim(self) -> None:
         while len(self._queue) > self._max:

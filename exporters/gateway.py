@@ -19,7 +19,9 @@ is always admitted, so a message of the largest accepted size still gets through
 A request whose deadline would pass before its rows are stored is refused the same way before
 they are queued: its sender would give up and retry, and they would be stored twice. It must
 have ``min_time_left_s`` left when it is taken up, and once converted, that plus the recent
-wait for the store (the longest wait lately, halving every `ACK_HALF_LIFE_S`).
+wait for the store (the longest wait lately, halving every `ACK_HALF_LIFE_S`). Requests are
+converted in turns (`ConvertGate`): one whose conversion would not end ``min_time_left_s``
+before its deadline, at the recent rate and after waiting its turn, is refused as busy unconverted.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from ridethrough.exporters.convert_gate import ConvertGate
 from ridethrough.exporters.gateway_metrics import GatewayMetrics
 from ridethrough.exporters.ingest_auth import IngestAuth, Principal, Unauthenticated
 from ridethrough.exporters.pipeline import Backpressure, Pipeline
@@ -64,8 +67,9 @@ class OtlpReceiver:
 
     def __init__(self, *, pipeline: Pipeline, limits: Limits, metrics: GatewayMetrics,
                  ack_timeout_s: float = 30.0, auth: IngestAuth | None = None,
-                 max_inflight_bytes: int = 64 << 20, min_time_left_s: float = 0.25) -> None:
-        """``auth``: check bearer tokens and stamp tenants (None: every caller is accepted as is)."""
+                 max_inflight_bytes: int = 64 << 20, min_time_left_s: float = 0.25, convert_slots: int = 2) -> None:
+        """``auth``: check bearer tokens and stamp tenants (None: every caller is accepted as is);
+        ``convert_slots``: requests converted at once (`ConvertGate`)."""
         self._pipeline = pipeline
         self._limits = limits
         self._metrics = metrics
@@ -73,6 +77,7 @@ class OtlpReceiver:
         self._auth = auth
         self._max_inflight_bytes = max_inflight_bytes
         self._min_time_left_s = min_time_left_s
+        self._gate = ConvertGate(slots=convert_slots)
         self._inflight_bytes = 0
         self._ack_s, self._ack_at = 0.0, time.monotonic()  # the recent wait for the store (a decaying max)
         self._lock = threading.Lock()
@@ -137,13 +142,17 @@ class OtlpReceiver:
     def _convert_and_store(self, signal: Signal, raw: bytes, principal: Principal | None,
                            context: grpc.ServicerContext) -> bytes:
         rows, rej = Rows(), Rejections()
-        try:
-            if self._auth is not None:  # the stamped bytes are what is stored and spooled
-                raw = self._auth.stamp(raw, principal, request_type=signal.request_type)
-            items = signal.convert(raw, self._limits, rows, rej)
-        except DecodeError as exc:
-            return self._fail(signal, context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"malformed {signal.request_type.__name__}: {exc}")
+        left = context.time_remaining()
+        with self._gate.turn(len(raw), None if left is None else left - self._min_time_left_s) as turn:
+            if not turn:
+                return self._busy(signal, context)
+            try:
+                if self._auth is not None:  # the stamped bytes are what is stored and spooled
+                    raw = self._auth.stamp(raw, principal, request_type=signal.request_type)
+                items = signal.convert(raw, self._limits, rows, rej)
+            except DecodeError as exc:
+                return self._fail(signal, context, grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"malformed {signal.request_type.__name__}: {exc}")
         label = signal.name.lower()
         self._metrics.received.labels(signal=label).inc(items)
         if rej.count:

@@ -128,7 +128,7 @@ def test_after_shutdown_nothing_is_sent_and_the_queue_is_kept_counted() -> None:
     assert not buffered.retry() and inner.taken == [] and buffered.buffered_batches == 1
 
 
-def test_a_backlog_goes_out_joined_in_as_few_sends_as_the_record_cap_allows() -> None:
+def test_a_backlog_goes_out_joined_in_sends_that_grow_back_to_the_record_cap() -> None:
     inner = Refusing()
     buffered = BufferingLogExporter(inner, max_batches=10, max_records=4)
     for batch in (("a", "b"), ("c",), ("d",), ("e", "f", "g"), ("h",)):
@@ -136,7 +136,8 @@ def test_a_backlog_goes_out_joined_in_as_few_sends_as_the_record_cap_allows() ->
     inner.ok = True
     assert buffered.export(_batch("i")) is LogRecordExportResult.SUCCESS
     assert inner.taken == list("abcdefghi"), "oldest first, none twice"
-    assert inner.sends == [4, 4, 1]  # a+b+c+d, e+f+g+h, i: each send as full as the cap allows
+    # the failed joined send (a+b+c) halved the budget: a+b alone, c+d, then as full as the cap allows
+    assert inner.sends == [2, 2, 4, 1]
     assert buffered.buffered_batches == 0
 
 

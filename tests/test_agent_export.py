@@ -27,11 +27,14 @@ from ridethrough.collector.sample import MetricKind, Sample
 
 
 class FakeGateway:
-    """An in-process OTLP metrics endpoint: records what arrives, fails the first ``fail`` calls with ``code``."""
+    """An in-process OTLP metrics endpoint: records what arrives, fails the first ``fail`` calls with ``code``,
+    and every call over ``max_bytes`` (a gateway too busy to convert that much in a call's time)."""
 
     def __init__(self, *, fail: int = 0, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
                  retry_delay_s: float | None = None, rejected: int = 0,
-                 credentials: grpc.ServerCredentials | None = None) -> None:
+                 credentials: grpc.ServerCredentials | None = None, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.sizes: list[int] = []
         self.received: list[ExportMetricsServiceRequest] = []
         self.calls = 0
         self.user_agents: list[str] = []
@@ -56,7 +59,8 @@ class FakeGateway:
             self.calls += 1
             self.metadata.append(dict(context.invocation_metadata()))
             self.user_agents.append(self.metadata[-1].get("user-agent", ""))
-            if self.calls <= self._fail:
+            self.sizes.append(len(raw))
+            if self.calls <= self._fail or (self.max_bytes is not None and len(raw) > self.max_bytes):
                 if self._delay is not None:
                     info = RetryInfo(retry_delay=Duration(nanos=int(self._delay * 1e9)))
                     context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
@@ -200,18 +204,43 @@ def test_buffer_keeps_failed_exports_and_sends_them_oldest_first_when_the_gatewa
 
 
 
-def test_a_merged_backlog_reaches_the_gateway_in_one_request_the_newest_readings_with_it() -> None:
+def test_a_merged_backlog_reaches_the_gateway_in_few_requests_the_newest_readings_with_the_last() -> None:
     gateway = FakeGateway(fail=3, code=grpc.StatusCode.INVALID_ARGUMENT)
     exporter = BufferingMetricExporter(OTLPBytesExporter(endpoint=gateway.endpoint, timeout_s=5), max_batches=10,
                                        merge=MergeEncoded())
     try:
         assert [exporter.export(_batch(value=10.0 * k)) for k in range(3)] == [MetricExportResult.FAILURE] * 3
         assert exporter.export(_batch(value=30.0)) is MetricExportResult.SUCCESS
-        assert gateway.calls == 4, "the backlog and the new batch went in one call"
-        [request] = gateway.received
+        # the failed joined send halved the budget to one batch; each success doubles it: 1, 2, then the rest
+        assert [len(r.resource_metrics) for r in gateway.received] == [1, 2, 1]
         assert [[p.as_double for p in rm.scope_metrics[0].metrics[0].gauge.data_points]
-                for rm in request.resource_metrics] == [[10.0 * k + i for i in range(3)] for k in range(4)]
+                for r in gateway.received for rm in r.resource_metrics] == [[10.0 * k + i for i in range(3)]
+                                                                            for k in range(4)]
         assert exporter.buffered_batches == 0 and exporter.sent_batches == 4
+    finally:
+        exporter.shutdown()
+        gateway.stop()
+
+
+def test_a_backlog_too_large_for_a_busy_gateway_goes_in_halves_until_it_fits_then_drains() -> None:
+    """A gateway that can take three batches in a call's time: the agent's joined sends shrink to fit,
+    everything arrives once and in order, and the budget grows back as sends succeed."""
+    one = len(_batch().payload)
+    gateway = FakeGateway(fail=8, code=grpc.StatusCode.INVALID_ARGUMENT, max_bytes=3 * one)
+    exporter = BufferingMetricExporter(OTLPBytesExporter(endpoint=gateway.endpoint, timeout_s=5), max_batches=20,
+                                       merge=MergeEncoded(max_bytes=16 * one))
+    try:
+        for k in range(8):  # the gateway is away: the backlog grows to eight batches
+            assert exporter.export(_batch(value=10.0 * k)) is MetricExportResult.FAILURE
+        # back, but busy: a call of more than three batches fails (with a fixed cap, every call would carry
+        # all nine and fail, and the backlog would never drain)
+        for k in range(8, 12):
+            exporter.export(_batch(value=10.0 * k))
+        assert exporter.buffered_batches == 0 and exporter.sent_batches == 12
+        firsts = [rm.scope_metrics[0].metrics[0].gauge.data_points[0].as_double
+                  for r in gateway.received for rm in r.resource_metrics]
+        assert firsts == [10.0 * k for k in range(12)], "every batch once, oldest first"
+        assert max(len(r.resource_metrics) for r in gateway.received) == 3, "batches still go joined, up to the fit"
     finally:
         exporter.shutdown()
         gateway.stop()
@@ -226,8 +255,9 @@ def test_a_merged_send_stays_under_its_byte_cap() -> None:
         for k in range(4):
             exporter.export(_batch(value=10.0 * k))
         assert exporter.export(_batch(value=40.0)) is MetricExportResult.SUCCESS
-        assert [len(r.resource_metrics) for r in gateway.received] == [2, 2, 1]
-        assert [_values(r)[0] for r in gateway.received] == [0.0, 20.0, 40.0]
+        # the failed joined send halved the budget to one batch; it doubles back to the cap, never past it
+        assert [len(r.resource_metrics) for r in gateway.received] == [1, 2, 2]
+        assert [_values(r)[0] for r in gateway.received] == [0.0, 10.0, 30.0]
     finally:
         exporter.shutdown()
         gateway.stop()

@@ -65,7 +65,7 @@ class Served:
 def serving(store: Store, spool_dir: Path, *, auth: IngestAuth | None = None,
             credentials: grpc.ServerCredentials | None = None, max_message_bytes: int = 4 << 20,
             spool_max_bytes: int = 64 << 20, max_inflight_bytes: int = 64 << 20,
-            min_time_left_s: float = 0.25) -> Iterator[Served]:
+            min_time_left_s: float = 0.25, convert_slots: int = 2, workers: int = 4) -> Iterator[Served]:
     """The real receiver, pipeline and spool over ``store``, on a free port; stopped on exit."""
     metrics = GatewayMetrics.create()
     pipeline = Pipeline(store=store, spool=Spool(spool_dir, max_bytes=spool_max_bytes), limits=Limits(),
@@ -73,9 +73,10 @@ def serving(store: Store, spool_dir: Path, *, auth: IngestAuth | None = None,
                         metrics=metrics)
     pipeline.start()
     receiver = OtlpReceiver(pipeline=pipeline, limits=Limits(), metrics=metrics, ack_timeout_s=20, auth=auth,
-                            max_inflight_bytes=max_inflight_bytes, min_time_left_s=min_time_left_s)
+                            max_inflight_bytes=max_inflight_bytes, min_time_left_s=min_time_left_s,
+                            convert_slots=convert_slots)
     server, port = build_server(receiver, listen="127.0.0.1:0", credentials=credentials,
-                                options=ServerOptions(max_message_bytes=max_message_bytes, workers=4))
+                                options=ServerOptions(max_message_bytes=max_message_bytes, workers=workers))
     try:
         yield Served(f"127.0.0.1:{port}", metrics, pipeline)
     finally:

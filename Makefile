@@ -38,7 +38,7 @@ typecheck: $(STAMP)
 # The parallel suite first; then, alone, the whole-system story (`serial`): its detections and timings must not
 # compete with other tests for the machine's cores.
 unit: $(STAMP) debs
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" --durations=30
 	$(VENV)/bin/pytest -q -m serial
 
 test: lint typecheck unit

@@ -221,11 +221,6 @@ class RetryQueue(Generic[Queued]):
         finally:
             self._lock.release()
 
-    @property
-    def budget(self) -> int:
-        """How much the next joined send may carry, in ``merge.max_size``'s unit (0 without a merge)."""
-        return self._budget
-
     def _head(self) -> tuple[list[Queued], int]:
         """The batches the next send carries (the oldest, and those after it that fit the budget with it),
         and their size."""

@@ -77,7 +77,8 @@ class OtlpReceiver:
         self._auth = auth
         self._max_inflight_bytes = max_inflight_bytes
         self._min_time_left_s = min_time_left_s
-        self._gate = ConvertGate(slots=convert_slots)
+        self.gate = ConvertGate(slots=convert_slots)
+        """The turns at converting requests: its recent rate and how many it refused."""
         self._inflight_bytes = 0
         self._ack_s, self._ack_at = 0.0, time.monotonic()  # the recent wait for the store (a decaying max)
         self._lock = threading.Lock()
@@ -143,7 +144,7 @@ class OtlpReceiver:
                            context: grpc.ServicerContext) -> bytes:
         rows, rej = Rows(), Rejections()
         left = context.time_remaining()
-        with self._gate.turn(len(raw), None if left is None else left - self._min_time_left_s) as turn:
+        with self.gate.turn(len(raw), None if left is None else left - self._min_time_left_s) as turn:
             if not turn:
                 return self._busy(signal, context)
             try:

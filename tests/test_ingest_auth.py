@@ -54,11 +54,12 @@ GLOBEX = secrets.token_hex(32)
 
 @dataclass
 class Served:
-    """A gateway serving on loopback: its address, metrics and pipeline."""
+    """A gateway serving on loopback: its address, metrics, pipeline and receiver."""
 
     target: str
     metrics: GatewayMetrics
     pipeline: Pipeline
+    receiver: OtlpReceiver
 
 
 @contextlib.contextmanager
@@ -78,7 +79,7 @@ def serving(store: Store, spool_dir: Path, *, auth: IngestAuth | None = None,
     server, port = build_server(receiver, listen="127.0.0.1:0", credentials=credentials,
                                 options=ServerOptions(max_message_bytes=max_message_bytes, workers=workers))
     try:
-        yield Served(f"127.0.0.1:{port}", metrics, pipeline)
+        yield Served(f"127.0.0.1:{port}", metrics, pipeline, receiver)
     finally:
         server.stop(0).wait(5)
         pipeline.shutdown(5)

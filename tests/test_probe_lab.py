@@ -119,7 +119,11 @@ def test_every_path_over_both_nics_is_probed_without_loss_on_host_clocks(lab: La
         assert not summary["dropped"]["prober"] and not summary["dropped"]["responder"], summary["dropped"]
         seen = {s.path for s in run[h]}
         assert seen == {(h, f"nic{r}", o, f"nic{r}") for o in hosts if o != h for r in range(SPEC.rails)}
-        assert all(s.rx_kind is TimestampKind.KERNEL and 0 < s.rtt_ns < 20_000_000 for s in run[h])
+        assert all(s.rx_kind is TimestampKind.KERNEL for s in run[h]), h
+        # the responder's send stamp is taken in user space: a responder starved between taking it and
+        # sending adds its wait to that probe's RTT, so single probes can take up to the timeout; most don't
+        rtts = [s.rtt_ns for s in run[h]]
+        assert all(0 < r < 2_000_000_000 for r in rtts) and statistics.median(rtts) < 2_000_000, (h, sorted(rtts)[-5:])
         # The lab's clocks are up to 10 ms apart: only stamps all taken on their host's clock correct to
         # small positive delays. (A single one can be late: t3 is read in user space, and 2 CPUs run it all.)
         delays = [d for s in run[h] for d in one_way_delays(s, corr) or ()]

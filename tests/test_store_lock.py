@@ -1,40 +1,45 @@
-"""The store's lock: reentrant, exclusive, and an insert waiting goes before queries waiting."""
+"""The store's lock: reentrant, exclusive, and taken in the order it was asked for."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
-from ridethrough.exporters.store_lock import WritersFirstLock
+from ridethrough.exporters.store_lock import FifoLock
 from tests.conftest import wait_for
 
 
-def test_a_waiting_writer_goes_before_readers_that_were_waiting_first() -> None:
-    lock = WritersFirstLock()
+def _waiting(lock: FifoLock) -> int:
+    return lock._next_ticket - lock._serving - 1  # tickets handed out beyond the holder's
+
+
+def test_waiting_threads_take_the_lock_in_the_order_they_asked_and_the_holder_asking_again_goes_last() -> None:
+    lock = FifoLock()
     order: list[str] = []
     lock.acquire()  # a query in progress
 
-    def take(name: str, write: bool) -> None:
-        with lock.hold(write=write):
+    def take(name: str) -> None:
+        with lock:
             order.append(name)
 
-    readers = [threading.Thread(target=take, args=(f"query{i}", False)) for i in range(3)]
-    for t in readers:
-        t.start()
-    time.sleep(0.2)  # the queries queue first (nothing to poll: they are blocked inside acquire)
-    writer = threading.Thread(target=take, args=("insert", True))
-    writer.start()
-    wait_for(lambda: lock._writers_waiting == 1, timeout_s=10, what="the insert waiting")
+    threads = []
+    for name in ("insert", "query1", "query2"):
+        threads.append(threading.Thread(target=take, args=(name,)))
+        threads[-1].start()
+        asked = len(threads)
+        wait_for(lambda: _waiting(lock) == asked, timeout_s=10, what=f"{name} waiting")  # noqa: B023 - used at once
+    # the controller's next query: released and asked again at once, it goes behind the three
     lock.release()
-    for t in [*readers, writer]:
+    with lock:
+        order.append("next query")
+    for t in threads:
         t.join(10)
-    assert order[0] == "insert" and sorted(order[1:]) == ["query0", "query1", "query2"]
+    assert order == ["insert", "query1", "query2", "next query"]
 
 
 def test_the_lock_is_reentrant_and_exclusive() -> None:
-    lock = WritersFirstLock()
+    lock = FifoLock()
     got = threading.Event()
 
     def take() -> None:
@@ -42,7 +47,7 @@ def test_the_lock_is_reentrant_and_exclusive() -> None:
             got.set()
 
     other = threading.Thread(target=take)
-    with lock, lock.hold(write=True), lock:
+    with lock, lock, lock:
         other.start()
         assert not got.wait(0.2), "another thread waits while this one holds it, at any depth"
     assert got.wait(10), "the last release let it in"
@@ -50,6 +55,6 @@ def test_the_lock_is_reentrant_and_exclusive() -> None:
 
 
 def test_only_the_holder_can_release() -> None:
-    lock = WritersFirstLock()
+    lock = FifoLock()
     with pytest.raises(RuntimeError, match="does not hold"):
         lock.release()

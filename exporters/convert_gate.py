@@ -38,7 +38,14 @@ class ConvertGate:
         # conversion by its size, so many small requests' fixed costs do not inflate a large one's estimate
         self._bytes = 0.0
         self._seconds = 0.0
+        self._converting = 0
         self.refused = 0
+
+    @property
+    def converting(self) -> int:
+        """Conversions in progress."""
+        with self._lock:
+            return self._converting
 
     def estimate_s(self, size_bytes: int) -> float:
         """Seconds to convert ``size_bytes`` at the recent rate; 0 before the first conversion."""
@@ -50,23 +57,28 @@ class ConvertGate:
         """Wait for a turn to convert ``size_bytes`` that ends within ``time_left_s`` (None: no deadline).
 
         Yields True inside the turn (the body's time updates the rate), False when no turn could
-        start in time: the caller answers "busy" without converting.
+        start in time: the caller answers "busy" without converting. While nothing is being
+        converted the estimate is not asked: a rate measured in a busy spell would otherwise refuse
+        every request of that size for good, since only conversions measure it again.
         """
         if time_left_s is None:
             self._slots.acquire()
         else:
-            wait_s = time_left_s - self.estimate_s(size_bytes)
+            wait_s = time_left_s if self.converting == 0 else time_left_s - self.estimate_s(size_bytes)
             if wait_s <= 0 or not self._slots.acquire(timeout=wait_s):
                 with self._lock:
                     self.refused += 1
                 yield False
                 return
+        with self._lock:
+            self._converting += 1
         started = time.monotonic()
         try:
             yield True
         finally:
             took_s = time.monotonic() - started
             with self._lock:
+                self._converting -= 1
                 self._bytes = self._bytes * RATE_DECAY + size_bytes
                 self._seconds = self._seconds * RATE_DECAY + took_s
             self._slots.release()

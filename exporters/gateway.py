@@ -129,9 +129,10 @@ class OtlpReceiver:
         with self._lock:
             self._ack_s, self._ack_at = max(waited_s, self._recent_ack_s(now)), now
 
-    def _busy(self, signal: Signal, context: grpc.ServicerContext) -> bytes:
+    def _busy(self, signal: Signal, context: grpc.ServicerContext,
+              why: str = "too little of the call's deadline is left") -> bytes:
         self._metrics.backpressure.inc()
-        return self._unavailable(signal, context, "gateway is busy: too little of the call's deadline is left", 1.0)
+        return self._unavailable(signal, context, f"gateway is busy: {why}", 1.0)
 
     def _admit(self, size: int) -> bool:
         with self._lock:
@@ -146,7 +147,7 @@ class OtlpReceiver:
         left = context.time_remaining()
         with self.gate.turn(len(raw), None if left is None else left - self._min_time_left_s) as turn:
             if not turn:
-                return self._busy(signal, context)
+                return self._busy(signal, context, "it would not be converted before the call's deadline")
             try:
                 if self._auth is not None:  # the stamped bytes are what is stored and spooled
                     raw = self._auth.stamp(raw, principal, request_type=signal.request_type)

@@ -20,8 +20,8 @@ A request whose deadline would pass before its rows are stored is refused the sa
 they are queued: its sender would give up and retry, and they would be stored twice. It must
 have ``min_time_left_s`` left when it is taken up, and once converted, that plus the recent
 wait for the store (the longest wait lately, halving every `ACK_HALF_LIFE_S`). Requests are
-converted in turns (`ConvertGate`): one whose conversion would not end ``min_time_left_s``
-before its deadline, at the recent rate and after waiting its turn, is refused as busy unconverted.
+converted in turns (`ConvertGate`): one that, at the recent conversion rate and after waiting its
+turn, would not be converted with that much time still left is refused as busy unconverted.
 """
 
 from __future__ import annotations
@@ -145,7 +145,9 @@ class OtlpReceiver:
                            context: grpc.ServicerContext) -> bytes:
         rows, rej = Rows(), Rejections()
         left = context.time_remaining()
-        with self.gate.turn(len(raw), None if left is None else left - self._min_time_left_s) as turn:
+        # the rows must also be stored in time: what is left after the margin and the recent wait for the store
+        budget_s = None if left is None else left - self._min_time_left_s - self._recent_ack_s()
+        with self.gate.turn(len(raw), budget_s) as turn:
             if not turn:
                 return self._busy(signal, context, "it would not be converted before the call's deadline")
             try:

@@ -19,7 +19,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 
 from ridethrough.exporters import schema, schema_cluster
-from ridethrough.exporters.store_lock import FifoLock
+from ridethrough.exporters.store_lock import TurnLock
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,9 @@ class Store:
         self.cluster = cluster
         self._timeout_s = timeout_s
         self._client: Client | None = None
-        # The chDB client is one in-process engine; serialise calls into it, first come first served.
-        self._lock = FifoLock()
+        # The chDB client is one in-process engine; serialise calls into it, inserts and
+        # queries taking turns.
+        self._lock = TurnLock()
 
     @property
     def dsn(self) -> str:
@@ -84,7 +85,7 @@ class Store:
         return redact_dsn(self._dsn)
 
     @property
-    def lock(self) -> FifoLock:
+    def lock(self) -> TurnLock:
         """The lock every call into the client takes (share it with other users of `client`)."""
         return self._lock
 
@@ -174,10 +175,10 @@ class Store:
         self._call(lambda c: c.insert(
             table.name, list(columns), column_names=names, column_type_names=types,
             column_oriented=True, settings=settings,
-        ))
+        ), write=True)
 
-    def _call(self, fn: Any) -> Any:
-        with self._lock:
+    def _call(self, fn: Any, *, write: bool = False) -> Any:
+        with self._lock.hold(write=write):
             client = self.client()
             try:
                 return fn(client)

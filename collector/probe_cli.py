@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             aggregator.take()  # as the agent's collection would, each second
         t1, wall_s = os.times(), time.monotonic() - wall0
         user_s, system_s = t1.user - t0.user, t1.system - t0.system
+        prober.settle(args.timeout_s + 1.0)  # so that each path's sent = received + lost
         prober.stop(timeout_s=2.0)
         time.sleep(args.timeout_s)  # let peers' last probes be answered before the responder goes
     finally:

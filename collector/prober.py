@@ -177,6 +177,7 @@ class Prober(SocketWorker):
         self._dropped = dict.fromkeys(DropReason, 0)
         self._next_plan_s = self._next_settle_s = self._quiet_until_s = float("-inf")
         self._next_round_s = monotonic() + self._rng.uniform(0, self.settings.interval_s)  # hosts out of step
+        self._quiescing = False
         self._poller: select.poll | None = None
         self._by_fd: dict[int, str] = {}
 
@@ -235,6 +236,22 @@ class Prober(SocketWorker):
             if st is not None:
                 st.health.wake(self._monotonic())
 
+    def settle(self, timeout_s: float) -> bool:
+        """Send no more pairs and wait (up to ``timeout_s``) until every probe in flight is answered or lost.
+
+        For a run that ends: its counts then add up (sent = received + lost), where a plain `stop` leaves the
+        probes of the last timeout window neither. True when nothing is left in flight.
+        """
+        with self._lock:
+            self._quiescing = True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return True
+            if time.monotonic() >= deadline or self._stopping.wait(0.02):
+                return False
+
     def dropped(self) -> dict[DropReason, int]:
         """Replies dropped (and probes that could not be sent) so far, by reason."""
         with self._lock:
@@ -253,7 +270,7 @@ class Prober(SocketWorker):
         with self._lock:
             if now_s >= self._next_plan_s:
                 self._plan(now_s)
-            if now_s >= self._next_round_s:
+            if now_s >= self._next_round_s and not self._quiescing:
                 for st in self._states.values():
                     if st.health.active(now_s) and not (st.health.retrying and st.outstanding):
                         self._send_pair(st, now_s)
@@ -261,7 +278,9 @@ class Prober(SocketWorker):
                 interval = self.settings.interval_s * self._rng.uniform(0.9, 1.1)
                 self._next_round_s = max(self._next_round_s + interval, now_s)
             self._expire(now_s)
-            due = min(self._next_round_s, self._next_plan_s, self._next_settle_s)
+            due = min(self._next_plan_s, self._next_settle_s)
+            if not self._quiescing:  # a settling prober sends no rounds: one due in the past would spin it
+                due = min(due, self._next_round_s)
             if self._pending:
                 due = min(due, next(iter(self._pending.values())).sent_s + self.settings.timeout_s)
             self._quiet_until_s = due

@@ -86,6 +86,17 @@ def free_port(addr: str) -> int:
 # -- the happy path --------------------------------------------------------------------------------------
 
 
+def test_a_settled_prober_sends_no_more_and_its_counts_add_up() -> None:
+    with pair() as (_, prober, samples):
+        wait_for(lambda: len(samples) >= 10, timeout_s=10, what="10 samples")
+        assert prober.settle(2.0)
+        before = prober.paths()
+        time.sleep(3 * FAST.interval_s)
+        after = prober.paths()
+    assert [p.sent for p in after] == [p.sent for p in before]  # no round went out while settling
+    assert all(p.sent == p.received + p.lost and p.sent > 0 for p in after), after
+
+
 @pytest.mark.skipif(not LINUX, reason="kernel timestamps are Linux's")
 def test_probes_over_both_nics_give_kernel_stamped_samples_in_coded_pairs() -> None:
     with pair() as (responder, prober, samples):

@@ -95,14 +95,22 @@ def read_spec(path: Path) -> ClockSpec:
 
 
 class ScriptedClock:
-    """The agent's side: true time bent by the host's clock file (re-read when it changes)."""
+    """The agent's side: true time bent by the host's clock file (re-read when it changes).
 
-    def __init__(self, path: str | os.PathLike[str], *, true_clock: Clock = time.time_ns) -> None:
+    The file is looked at no more than every ``recheck_s`` (default 0.1 s): an agent reads its clock for every
+    probe it sends and answers, and a stat per read was a tenth of a lab agent's CPU. A scripted step or
+    drift therefore takes effect within that time.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, true_clock: Clock = time.time_ns,
+                 recheck_s: float = 0.1) -> None:
         self._path = Path(path)
         self._true = true_clock
         self._lock = threading.Lock()
         self._mtime_ns = -1
         self._spec = ClockSpec()
+        self._recheck_s = recheck_s
+        self._checked_s = float("-inf")
 
     def __call__(self) -> int:
         """Nanoseconds since the epoch, as this host's clock reads them."""
@@ -110,6 +118,10 @@ class ScriptedClock:
 
     def spec(self) -> ClockSpec:
         """The spec in force (a malformed file keeps the last good one)."""
+        now_s = time.monotonic()
+        if now_s - self._checked_s < self._recheck_s:
+            return self._spec  # one reference read: a spec is immutable, and a stale one by <recheck_s is fine
+        self._checked_s = now_s
         try:
             mtime = self._path.stat().st_mtime_ns
         except FileNotFoundError:

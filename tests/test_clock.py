@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def test_offset_drift_and_steps_compose() -> None:
 def test_agent_clock_follows_the_lab_script(tmp_path: Path) -> None:
     now = [T0]
     script = ClockScript(tmp_path / "clock.json")
-    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: now[0])
+    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: now[0], recheck_s=0)
     assert clock() == T0, "no file is a perfect clock"
     script.set(-3_000_000, -100.0, epoch_ns=T0)
     assert clock() == T0 - 3_000_000
@@ -37,9 +38,20 @@ def test_limits_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="within"):
         script.set(0, 150.0)
     script.set(1000, 1.0, epoch_ns=T0)
-    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: T0)
+    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: T0, recheck_s=0)
     assert clock() == T0 + 1000
     (tmp_path / "clock.json").write_text("{not json")
     assert clock() == T0 + 1000, "a broken file keeps the last good spec"
     with pytest.raises(ValueError, match="clock script"):
         script.read()
+
+
+def test_the_agent_looks_at_its_clock_file_at_most_every_recheck(tmp_path: Path) -> None:
+    script = ClockScript(tmp_path / "clock.json")
+    script.set(1000, 0.0, epoch_ns=T0)
+    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: T0, recheck_s=0.3)
+    assert clock() == T0 + 1000
+    script.set(2000, 0.0, epoch_ns=T0)
+    assert clock() == T0 + 1000, "read again before recheck_s: the spec already in force"
+    time.sleep(0.35)
+    assert clock() == T0 + 2000

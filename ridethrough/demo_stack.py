@@ -3,8 +3,9 @@
 The lab's supervisor starts ``ridethrough server`` (gateway, store endpoint, clock service, and the
 controller with its detectors, actuator runner and PagerDuty exporter) and one agent per host; they
 read their settings from the environment they inherit, so `lab_env` is the demo's whole
-configuration: actuators on and not dry-run, the reflex on (in namespaces), pages to the local sink, incidents that
-resolve after 10 quiet seconds (so the story's pages resolve while it is told).
+configuration: actuators on and not dry-run, the reflex on (in namespaces, on a probe budget for
+hosts that share a machine), pages to the local sink, incidents that resolve after 10 quiet
+seconds (so the story's pages resolve while it is told).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def lab_env(*, data_dir: Path, sink_url: str, dashboard_url: str, pagerduty_key:
         # after 10 quiet seconds (default 30), so the pages resolve while the story is told.
         "RIDETHROUGH_ACTUATORS_HYSTERESIS_S": "0", "RIDETHROUGH_CONTROLLER_QUIET_S": "10",
         "RIDETHROUGH_AGENT_REFLEX": "true" if reflex else "false",
+        # Eight hosts share this machine's cores: at the default 500 liveness probes a second each, the job's
+        # hosts spent a core between them on echoes, and a starved echo read as a lost one moved traffic
+        # off healthy rails. Fewer probes per rail; the second probe still follows the first failure at once.
+        "RIDETHROUGH_AGENT_REFLEX_MAX_PROBES_PER_S": "150",
         "RIDETHROUGH_PAGERDUTY_ENABLED": "true", "RIDETHROUGH_PAGERDUTY_EVENTS_URL": sink_url + ALERT_PATH,
         "RIDETHROUGH_PAGERDUTY_CHANGE_URL": sink_url + CHANGE_PATH,
         "RIDETHROUGH_PAGERDUTY_ROUTING_KEYS": f"*=env:{PAGERDUTY_KEY_ENV}", PAGERDUTY_KEY_ENV: pagerduty_key,

@@ -161,6 +161,10 @@ class ControllerConfig:
         "Run the controller inside `ridethrough server` (the standalone `controller` command always runs it)."))
     interval_floor_s: float = field(default=1.0, metadata=_help(
         "Shortest interval any detector runs at, in seconds (a detector asking for less gets this).", min=0.05))
+    max_busy: float = field(default=0.5, metadata=_help(
+        "Most of the time the detectors' runs may keep the store busy; beyond it every schedule stretches "
+        "alike (ridethrough_controller_schedule_stretch), leaving the rest to the gateway's inserts.",
+        min=0.05, max=1.0))
     quiet_s: float = field(default=30.0, metadata=_help(
         "Seconds without a finding before an incident resolves.", min=0))
     reopen_hysteresis_s: float = field(default=120.0, metadata=_help(
@@ -229,7 +233,9 @@ class AgentConfig:
         min=1))
     export_interval_s: float = field(default=1.0, metadata=_help(
         "Interval between exports to the gateway, in seconds.", min=0.01))
-    export_timeout_s: float = field(default=5.0, metadata=_help(
+    # OpenTelemetry's own default (OTEL_EXPORTER_OTLP_TIMEOUT): the gateway answers once the batch is stored,
+    # and behind a busy store that took more than 5 s; a call given up is sent again, which costs twice.
+    export_timeout_s: float = field(default=10.0, metadata=_help(
         "Timeout of one export to the gateway, in seconds.", min=0.01))
     buffer_max_batches: int = field(default=300, metadata=_help(
         "Batches kept while the gateway is away (metrics and events each); the oldest are dropped beyond this.", min=1))

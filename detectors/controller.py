@@ -10,12 +10,6 @@ Started, it runs two lanes, each a thread: the live lane runs the detectors the 
 (those with ``triggers``: a port gone down), the scheduled lane all others. A woken link detector
 then waits for no tomography or trend query to finish, only for the store's next free turn; the
 lanes share the incident tracker, one fold at a time.
-
-The detectors' queries share the store with the gateway's inserts. When their runs would keep it busy
-for more than ``max_busy`` of the time (each detector's recent run time over its interval, summed), every
-schedule stretches by the same factor until they fit: on a starved machine detection slows down
-evenly rather than the store falling behind the telemetry it judges (an agent whose data came late
-read as silent). A run the live feed wakes is not delayed. The stretch is on /metrics.
 """
 
 from __future__ import annotations
@@ -66,7 +60,6 @@ class ControllerMetrics:
     incidents_open: Gauge
     emit_errors: Counter
     wakes: Counter
-    stretch: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> ControllerMetrics:
@@ -88,9 +81,6 @@ class ControllerMetrics:
                                 "Rounds whose incident events could not be emitted", registry=reg),
             wakes=Counter("ridethrough_controller_detector_wakes",
                           "Detector runs brought forward by the live feed", ["detector"], registry=reg),
-            stretch=Gauge("ridethrough_controller_schedule_stretch",
-                          "Factor every detector interval is stretched by, for the runs to fit max_busy (1: none)",
-                          registry=reg),
         )
 
 
@@ -163,10 +153,7 @@ class Controller:
 
     def __init__(self, *, store: Store, detectors: Sequence[Detector], tracker: IncidentTracker,
                  clock: Callable[[], int] = time.time_ns, metrics: ControllerMetrics | None = None,
-                 emit: Emit | None = None, cluster: str = "", interval_floor_s: float = 1.0,
-                 max_busy: float = 0.5, timer: Callable[[], float] = time.perf_counter) -> None:
-        if not 0 < max_busy <= 1:
-            raise ValueError(f"max_busy must be in (0, 1], got {max_busy}")
+                 emit: Emit | None = None, cluster: str = "", interval_floor_s: float = 1.0) -> None:
         self._detectors = list(detectors)
         self._tracker = tracker
         self._clock = clock
@@ -176,11 +163,6 @@ class Controller:
         self._floor_s = interval_floor_s
         self._query = read_only_query(store)
         self._next_ns = {d.name: 0 for d in self._detectors}
-        self._max_busy = max_busy
-        self._timer = timer
-        self._cost_s: dict[str, float] = {}
-        """Each detector's recent run time, seconds (a moving average: one slow run stretches little)."""
-        self.metrics.stretch.set(1.0)
         self._due_lock = threading.Lock()
         self._fold_lock = threading.Lock()  # the lanes fold into one tracker, one at a time
         self._stop = threading.Event()
@@ -225,26 +207,13 @@ class Controller:
             if not due:
                 return None
             d = min(due, key=lambda x: self._next_ns[x.name])  # woken ones are at 0; else in list order
-            self._next_ns[d.name] = now + round(max(d.interval_s, self._floor_s) * self.stretch() * 1e9)
+            self._next_ns[d.name] = now + round(max(d.interval_s, self._floor_s) * 1e9)
             return d
-
-    def stretch(self) -> float:
-        """The factor every interval is stretched by now: the detectors' busy share over ``max_busy``, at least 1."""
-        busy = sum(cost / max(d.interval_s, self._floor_s)
-                   for d in self._detectors if (cost := self._cost_s.get(d.name)) is not None)
-        return max(1.0, busy / self._max_busy)
-
-    def _record_cost(self, name: str, seconds: float) -> None:
-        with self._due_lock:
-            last = self._cost_s.get(name)
-            self._cost_s[name] = seconds if last is None else 0.7 * last + 0.3 * seconds
-            stretch = self.stretch()
-        self.metrics.stretch.set(stretch)
 
     def _run(self, d: Detector, now: int) -> list[Finding] | None:
         window = Window(start_ns=now - round(d.window_s * 1e9), end_ns=now, query=self._query, cluster=self._cluster)
         self.metrics.runs.labels(detector=d.name).inc()
-        started = self._timer()
+        started = time.perf_counter()
         try:
             found = list(d.detect(window))
         except Exception:  # a detector's bug or a failed query must not stop the others
@@ -252,9 +221,7 @@ class Controller:
             log.exception("detector %s raised; skipped this run", d.name)
             return None
         finally:
-            took = self._timer() - started
-            self.metrics.run_seconds.labels(detector=d.name).observe(took)
-            self._record_cost(d.name, took)
+            self.metrics.run_seconds.labels(detector=d.name).observe(time.perf_counter() - started)
         for f in found:
             self.metrics.findings.labels(kind=f.kind.value).inc()
         if self._cluster:

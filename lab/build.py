@@ -141,6 +141,9 @@ def make_cgroups(sf: StateFile, state: State) -> None:
     sf.append("cgroups", state["cgroup"])
     for info in state["hosts"].values():
         cgroups.make(Path(info["jobs_cgroup"]))
+    server = cgroups.server_dir(Path(state["cgroup"]))
+    cgroups.make(server)
+    cgroups.set_shares(server, cgroups.SERVER_SHARES)
 
 
 def make_bridge(topo: Topology, sf: StateFile) -> None:

@@ -3,7 +3,8 @@
 Everything a lab runs joins its tree, so ``lab down`` finds every process (even one a
 crashed supervisor left behind), and a straggler is a CPU quota on ``{host}/jobs``::
 
-    /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/              supervisor, server, load generators
+    /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/              supervisor, switch agent, load generators
+    /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/server/       the server (gateway, store, controller)
     /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/{host}/       the host's agent, lab exec
     /sys/fs/cgroup/cpu/ridethrough-lab/{lab}/{host}/jobs/  lab exec --job (and stragglers)
 """
@@ -19,6 +20,10 @@ from pathlib import Path
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PARENT = "ridethrough-lab"
 PERIOD_US = 100_000
+SERVER_SHARES = 8192
+"""The server's ``cpu.shares``: as many as eight hosts' (1024 each). It stands for machines of its own; in
+one cgroup with the supervisor it weighed as much as one host, and with every host busy (load 25 on two
+cores in the demo) its inserts and detector queries ran ten times slower than the data came in."""
 
 
 def available(root: Path = CPU_ROOT) -> bool:
@@ -35,6 +40,16 @@ def host_dir(name: str, host: str, *, jobs: bool = False, root: Path = CPU_ROOT)
     """A host's cgroup, or its jobs' cgroup."""
     base = lab_dir(name, root) / host
     return base / "jobs" if jobs else base
+
+
+def server_dir(lab: Path) -> Path:
+    """The server's cgroup inside a lab's."""
+    return lab / "server"
+
+
+def set_shares(path: Path, shares: int) -> None:
+    """Weigh a cgroup against its siblings when the CPUs are contended (``cpu.shares``, 1024 by default)."""
+    (path / "cpu.shares").write_text(str(shares))
 
 
 def make(path: Path) -> None:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ridethrough.lab import netns, procs
+from ridethrough.lab import cgroups, netns, procs
 from ridethrough.lab.fake_ib import CounterPump, NicStats
 from ridethrough.lab.netns import Handles, NsHandle
 from ridethrough.lab.state import State, StateFile
@@ -194,8 +194,16 @@ class Supervisor:
             sys.executable, "-m", "ridethrough", "server", "--store", f"chdb://{self.dir / 'store'}",
             "--spool", str(self.dir / "spool"), "--otlp-listen", f"{ip}:{self.state['otlp_port']}",
             "--store-http-listen", f"{ip}:{self.state['store_http_port']}", *clock,
-            "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.state.get("cgroup"),
+            "--ready-file", str(self.dir / "server.json")], ns=None, cgroup=self.server_cgroup(),
             env_extra={"RIDETHROUGH_CONTROLLER_FABRIC_MAP_FILE": str(fabric), **controller_env(self.dir)})
+
+    def server_cgroup(self) -> str | None:
+        """The server's own cgroup (`cgroups.server_dir`), or the lab's where there is none (a lab built before)."""
+        lab = self.state.get("cgroup")
+        if lab is None:
+            return None
+        server = cgroups.server_dir(Path(lab))
+        return str(server) if server.is_dir() else str(lab)
 
     def write_fabric_map(self) -> Path:
         """The lab's cabling and design routes for the controller (NIC ``r`` and its RDMA device ``mlx5_r``

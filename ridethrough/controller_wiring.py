@@ -157,7 +157,6 @@ def build_controller(cfg: ControllerConfig, *, store: Store, metrics: Controller
     if exporter is not None:
         listeners.append(("pagerduty", exporter.emit))
     controller = Controller(store=store, detectors=default_detectors(cfg), tracker=tracker, metrics=metrics,
-                            emit=fan_out(listeners), cluster=cfg.cluster, interval_floor_s=cfg.interval_floor_s,
-                            max_busy=cfg.max_busy)
+                            emit=fan_out(listeners), cluster=cfg.cluster, interval_floor_s=cfg.interval_floor_s)
     approvals = None if runner is None else ApprovalPoller(runner=runner, log=ApprovalLog(store), cluster=cfg.cluster)
     return ControllerParts(controller=controller, tracker=tracker, runner=runner, pager=exporter, approvals=approvals)

@@ -161,10 +161,6 @@ class ControllerConfig:
         "Run the controller inside `ridethrough server` (the standalone `controller` command always runs it)."))
     interval_floor_s: float = field(default=1.0, metadata=_help(
         "Shortest interval any detector runs at, in seconds (a detector asking for less gets this).", min=0.05))
-    max_busy: float = field(default=0.5, metadata=_help(
-        "Most of the time the detectors' runs may keep the store busy; beyond it every schedule stretches "
-        "alike (ridethrough_controller_schedule_stretch), leaving the rest to the gateway's inserts.",
-        min=0.05, max=1.0))
     quiet_s: float = field(default=30.0, metadata=_help(
         "Seconds without a finding before an incident resolves.", min=0))
     reopen_hysteresis_s: float = field(default=120.0, metadata=_help(

@@ -7,7 +7,6 @@ own fleet cluster, so the trackers of different tests never see each other's inc
 
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
 import types
@@ -103,50 +102,6 @@ def test_interval_floor_holds_back_a_detector_that_asks_too_often(store: Store) 
     for tenth in range(0, 30):
         c.tick(T0 + tenth * S // 10)
     assert len(eager.windows) == 3
-
-
-@dataclass
-class Costly(Scripted):
-    """A detector whose run takes ``cost_s`` on the controller's (fake) timer."""
-
-    cost_s: float = 0.0
-    timer: list[float] = field(default_factory=lambda: [0.0])
-
-    def detect(self, window: Window) -> list[Finding]:
-        self.timer[0] += self.cost_s
-        return super().detect(window)
-
-
-def test_schedules_stretch_alike_when_the_runs_would_keep_the_store_busier_than_max_busy(store: Store) -> None:
-    timer = [0.0]
-    a = Costly("a", interval_s=2, cost_s=0.6, timer=timer)  # 30 % of the time
-    b = Costly("b", interval_s=4, cost_s=0.0, timer=timer)
-    tracker = IncidentTracker(store, quiet_s=30, reopen_hysteresis_s=120, clock=lambda: T0, cluster="busy")
-    c = Controller(store=store, detectors=[a, b], tracker=tracker, clock=lambda: T0, cluster="busy",
-                   max_busy=0.5, timer=lambda: timer[0])
-    for second in range(0, 13):
-        c.tick(T0 + second * S)
-    assert c.stretch() == 1.0 and sample(c, "ridethrough_controller_schedule_stretch") == 1.0
-    assert [(w.end_ns - T0) // S for w in a.windows] == [0, 2, 4, 6, 8, 10, 12]
-    b.cost_s = 2.4  # now 30 % + 60 %: 1.8 times what max_busy allows
-    runs = len(b.windows)
-    for second in range(13, 200):
-        c.tick(T0 + second * S)
-    assert len(b.windows) > runs + 2, "the moving average has caught up with b's new cost"
-    assert c.stretch() == pytest.approx(1.8, rel=0.02)
-    assert sample(c, "ridethrough_controller_schedule_stretch") == pytest.approx(1.8, rel=0.02)
-    late = [(w.end_ns - T0) // S for w in a.windows[-4:]]
-    assert all(3 <= y - x <= 4 for x, y in itertools.pairwise(late)), late  # 2 s by 1.8, whole ticks
-    last = a.windows[-1].end_ns
-    c.wake(["a"])  # a woken run is not held back by the stretch: it runs a second after the last
-    c.tick(last + S)
-    assert a.windows[-1].end_ns == last + S
-
-
-def test_max_busy_must_be_a_share_of_the_time(store: Store) -> None:
-    tracker = IncidentTracker(store, quiet_s=30, reopen_hysteresis_s=120, clock=lambda: T0, cluster="x")
-    with pytest.raises(ValueError, match="max_busy"):
-        Controller(store=store, detectors=[], tracker=tracker, max_busy=0)
 
 
 def test_window_query_is_read_only(store: Store) -> None:

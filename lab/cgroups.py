@@ -20,10 +20,11 @@ from pathlib import Path
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PARENT = "ridethrough-lab"
 PERIOD_US = 100_000
-SERVER_SHARES = 8192
-"""The server's ``cpu.shares``: as many as eight hosts' (1024 each). It stands for machines of its own; in
-one cgroup with the supervisor it weighed as much as one host, and with every host busy (load 25 on two
-cores in the demo) its inserts and detector queries ran ten times slower than the data came in."""
+SERVER_SHARES = 4096
+"""The server's ``cpu.shares``: as many as four hosts' (1024 each). It stands for machines of its own; in one
+cgroup with the supervisor it weighed as much as one host, and with every host of the demo busy (a load of 25
+on two cores) a batch insert took 1.5 s and a link_down query 3.3 s (0.1 s on a quiet machine). At 8192 the
+hosts' probers starved instead."""
 
 
 def available(root: Path = CPU_ROOT) -> bool:

@@ -1,6 +1,6 @@
 """``ridethrough demo``: the whole loop on an emulated cluster, told as a story in five acts.
 
-It brings up the default lab (8 hosts, 2 racks, 2 rails, 2 spines, 8 fake GPUs each) with an agent
+It brings up a lab of 6 hosts (2 racks, 2 rails, 2 spines, 4 fake GPUs each) with an agent
 per host and the server (gateway, controller with detectors and actuators, not dry-run, PagerDuty
 to a local sink) on an embedded store under ``<data-dir>/labs/<name>/store``, the dashboard on
 http://127.0.0.1:8050, and a training job under ``ridethrough run`` with hot spares; then plays

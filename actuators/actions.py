@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ridethrough.actuators.policy import LastAction
 from ridethrough.exporters import schema
 from ridethrough.exporters.schema import Column, Table
 from ridethrough.exporters.store import Store
@@ -227,15 +228,16 @@ class ActionLog:
         return [ActionRecord.from_row(r[0]) for r in rows]
 
 
-def last_acted(records: Iterable[ActionRecord], *, dry_run: bool) -> dict[tuple[str, str], int]:
-    """(cluster, entity) → when its last action ended (or was decided, if it has not ended), for cooldowns.
+def last_acted(records: Iterable[ActionRecord], *, dry_run: bool) -> dict[tuple[str, str], LastAction]:
+    """(cluster, entity) → its last action (when it ended, or was decided if it has not), for cooldowns.
 
     Only actions whose apply started count (they changed the fleet, or may have), and dry runs
     in dry-run mode.
     """
-    last: dict[tuple[str, str], int] = {}
+    last: dict[tuple[str, str], LastAction] = {}
     for r in records:
         if r.started_at_ns or (r.status is Status.DRY_RUN and dry_run):
-            key = (r.cluster, r.entity)
-            last[key] = max(last.get(key, 0), r.ended_at_ns or r.decided_at_ns)
+            key, ended = (r.cluster, r.entity), r.ended_at_ns or r.decided_at_ns
+            if key not in last or ended >= last[key].ended_ns:
+                last[key] = LastAction(ended, r.incident_key, undone=r.status is Status.ROLLED_BACK)
     return last

@@ -6,7 +6,9 @@ plan, its incident, the fleet snapshot and what is already in flight. Checks, fi
 1. one action per entity at a time, and none changing paths an action in flight changes (one's
    rollback would restore what the other moved);
 2. hysteresis: the incident has been open at least ``hysteresis_s`` (flapping evidence does not act);
-3. cooldown: the entity's last action ended at least ``cooldown_s`` ago;
+3. cooldown: the entity's last action ended at least ``cooldown_s`` ago, unless that action was rolled
+   back and for another incident (a prediction whose reroute did not verify must not hold back the
+   same link's failure: nothing of the first is left to fight with);
 4. at most ``max_concurrent`` actions in flight (awaiting approval counts: its radius is reserved);
 5. blast radius: at most ``max_drained_hosts`` hosts drained at once, and no host or switch
    losing more than ``max_path_share`` of its paths, counting what is already drained or
@@ -77,14 +79,25 @@ class RunnerPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class LastAction:
+    """An entity's last action, as the cooldown weighs it."""
+
+    ended_ns: int
+    """When it ended (or a dry run was decided)."""
+    incident_key: str
+    undone: bool = False
+    """Rolled back: the fleet is as it was before it."""
+
+
+@dataclass(frozen=True, slots=True)
 class InFlight:
     """What the runner is doing now, as the policy weighs it."""
 
     now_ns: int
     plans: Sequence[Plan] = ()
     """Plans accepted and not yet finished (awaiting approval, applying, verifying, rolling back)."""
-    last_ended_ns: Mapping[tuple[str, str], int] | None = None
-    """(cluster, entity) → when its last action ended (or a dry run was decided)."""
+    last_acted: Mapping[tuple[str, str], LastAction] | None = None
+    """(cluster, entity) → its last action that started (or a dry run)."""
 
 
 def refusal(policy: RunnerPolicy, plan: Plan, incident: Incident, fleet: FleetState, now: InFlight) -> str | None:
@@ -100,8 +113,9 @@ def refusal(policy: RunnerPolicy, plan: Plan, incident: Incident, fleet: FleetSt
     open_s = (now.now_ns - incident.opened_at_ns) / _NS_PER_S
     if open_s < policy.hysteresis_s:
         return f"hysteresis: incident open {open_s:.1f} s < {policy.hysteresis_s:g} s"
-    ended = (now.last_ended_ns or {}).get(entity)
-    if ended is not None and (since_s := (now.now_ns - ended) / _NS_PER_S) < policy.cooldown_s:
+    last = (now.last_acted or {}).get(entity)
+    if (last is not None and (since_s := (now.now_ns - last.ended_ns) / _NS_PER_S) < policy.cooldown_s
+            and not (last.undone and last.incident_key != incident.key)):
         return f"cooldown: last action on {plan.entity} ended {since_s:.1f} s ago < {policy.cooldown_s:g} s"
     if len(now.plans) >= policy.max_concurrent:
         return f"concurrency: {len(now.plans)} actions in flight (max {policy.max_concurrent})"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ridethrough.actuators.actions import IN_FLIGHT, ActionLog, ActionRecord, Status, consumes_key, last_acted
 from ridethrough.actuators.contract import Actuator, Deadline, FleetState, Plan
 from ridethrough.actuators.plugins import call_with_deadline, check_plan
-from ridethrough.actuators.policy import Answer, ApprovalQueue, InFlight, RunnerPolicy, Verdict, refusal
+from ridethrough.actuators.policy import Answer, ApprovalQueue, InFlight, LastAction, RunnerPolicy, Verdict, refusal
 from ridethrough.actuators.runner_recovery import Takeover, take_over
 from ridethrough.actuators.runner_steps import ActionSteps, RunningAction
 from ridethrough.actuators.runner_steps import RunnerMetrics as RunnerMetrics  # re-exported: the runner's API
@@ -101,7 +101,7 @@ class Runner:
         """Plans waiting for a human (``approvals.approve(plan_id)``, ``deny``, ``pending``)."""
         self._lock = threading.Lock()
         self._in_flight: dict[str, RunningAction] = {}
-        self._last_ended: dict[tuple[str, str], int] = {}
+        self._last_ended: dict[tuple[str, str], LastAction] = {}
         self._recorded: dict[str, dict[str, str]] = {}  # incident id → plan/plugin key → rule last recorded
         self._threads: list[threading.Thread] = []
         self._stopping = False
@@ -196,7 +196,7 @@ class Runner:
             if self.policy.dry_run:
                 decision = self._record(plan, incident, Status.DRY_RUN, "dry run", started, plugin, fleet=fleet)
                 if decision.action_id:
-                    self._last_ended[(plan.cluster, plan.entity)] = self._clock()
+                    self._last_ended[(plan.cluster, plan.entity)] = LastAction(self._clock(), incident.key)
                 return decision
             approval = self.policy.require_approval or plan.needs_approval
             status = Status.AWAITING_APPROVAL if approval else Status.APPLYING
@@ -291,7 +291,8 @@ class Runner:
                 self._in_flight.pop(a.record.action_id, None)
                 self.metrics.in_flight.set(len(self._in_flight))
                 if acted:
-                    self._last_ended[(a.plan.cluster, a.plan.entity)] = self._clock()
+                    self._last_ended[(a.plan.cluster, a.plan.entity)] = LastAction(
+                        self._clock(), a.record.incident_key, undone=a.record.status is Status.ROLLED_BACK)
             self.metrics.outcomes.labels(plugin=a.plan.plugin, status=a.record.status.value).inc()
             self._notify(a.record)
 

@@ -7,6 +7,7 @@ own entities, so cooldowns and idempotency keys of one test never meet another's
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import threading
@@ -251,6 +252,25 @@ def test_hysteresis_waits_for_the_incident_to_persist(store: Store) -> None:
     clock.advance(5)
     assert run_one(r, inc) and plugin.applied() == 1
     assert outcomes(store, inc.incident_id) == [("refused", 1), ("succeeded", 1)]
+
+
+def test_a_rolled_back_action_cools_its_own_incident_down_not_another_on_the_entity(store: Store) -> None:
+    clock = Clock()
+    plugin = Scripted(verify_ok=False)  # verify fails: the action is rolled back, the fleet as it was
+    r = runner(store, plugin, clock=clock, cooldown_s=300.0)
+    degrading = dataclasses.replace(incident("cool3"), key="link_degrading:link:cool3", kind="link_degrading")
+    run_one(r, degrading)
+    assert outcomes(store, degrading.incident_id) == [("rolled_back", 1)]
+    clock.advance(30)
+    [same] = r.consider([dataclasses.replace(degrading, incident_id="inc-cool3-again")])
+    assert same.reason.startswith("cooldown"), "the same incident key found again: cooling down"
+    plugin.verify_ok = True
+    down = incident("cool3")  # the link then fails outright: nothing of the first action is left
+    assert run_one(r, down) and outcomes(store, down.incident_id) == [("succeeded", 1)]
+    restarted = runner(store, plugin, clock=clock, cooldown_s=300.0)  # the rule holds from the store too
+    restarted.load()
+    [after] = restarted.consider([dataclasses.replace(down, incident_id="inc-cool3-third")])
+    assert after.reason.startswith("cooldown"), "a succeeded action cools every incident on its entity"
 
 
 def test_cooldown_per_entity_survives_a_restart(store: Store) -> None:

@@ -5,8 +5,9 @@ on a fixed schedule (open loop: request i of a client is due at t0 + i / rate, w
 earlier ones were answered), keeping at most ``--inflight`` calls in flight each. A refused or
 failed call is retried after the gateway's RetryInfo delay (or 0.5 s) until acknowledged, as an
 OTLP exporter does. An export's latency runs from its scheduled time to its acknowledgement, so
-queueing in the client counts too (no coordinated omission); its deadline is ``--deadline-s`` (the
-agent's export timeout). Meanwhile the gateway's RSS is sampled every half second.
+queueing in the client counts too (no coordinated omission); its deadline is ``--deadline-s`` (5 s,
+stricter than the agent's export timeout of 10 s). Meanwhile the gateway's RSS is sampled every half
+second.
 
 Afterwards a fresh process counts the rows in the gateway's store. Figures: lost points
 (acknowledged but not stored), unacknowledged points (sent, but refused or unanswered until the
@@ -326,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> SoakPlan:
     ap.add_argument("--points-per-request", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--inflight", type=int, default=50, help="Most calls in flight per client.")
-    ap.add_argument("--deadline-s", type=float, default=5.0, help="Export deadline (the agent's export_timeout_s).")
+    ap.add_argument("--deadline-s", type=float, default=5.0, help="Export deadline, s (an agent waits 10).")
     args = ap.parse_args(argv)
     duration = args.duration_s or (25.0 if args.quick else 600.0)
     if min(duration, args.rate, args.points_per_request, args.clients, args.inflight, args.deadline_s) <= 0:

@@ -139,7 +139,7 @@ class TokenBucket:
     def take(self, now_s: float) -> bool:
         """Take one token if there is one."""
         self._tokens = min(self._burst, self._tokens + max(0.0, now_s - self._at) * self._rate)
-        self._at = now_s
+        self._at = max(self._at, now_s)  # a datagram read out of arrival order refills nothing twice
         if self._tokens >= 1.0:
             self._tokens -= 1.0
             return True

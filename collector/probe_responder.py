@@ -9,7 +9,10 @@ Checks, cheapest first, each a `DropReason`: a per-source and a total rate limit
 costs a token-bucket lookup per packet and is never answered beyond the limit), the wire
 format, the packet type, the destination (this node and this NIC), the prober's node (when
 a peer table is known), the probe's send time against this clock (``max_skew_s`` either
-way), and an anti-replay window per prober NIC. Per-path and per-source state is bounded
+way), and an anti-replay window per prober NIC. The rate limits and the send-time check go by when
+each datagram arrived (its kernel stamp), not when the thread got to it: a responder starved for
+a second or two drains that time's probes at once, and judged on reading they were a flood and
+from the past, so its peers counted probes that had arrived in time as lost. Per-path and per-source state is bounded
 (`MAX_TRACKED`, least recently seen forgotten first). Nothing a sender writes can raise in
 the thread.
 """
@@ -125,7 +128,7 @@ class Responder(SocketWorker):
 
     def handle(self, nic: str, sock: ProbeSocket, received: Received) -> None:
         """Check one datagram that reached ``nic``; answer it on ``sock`` or count why not."""
-        reason = self._rate_limit(received.addr[0])
+        reason = self._rate_limit(received.addr[0], self._arrival_s(received))
         probe: Probe | None = None
         if reason is None:
             probe, reason = self._check(nic, received)
@@ -164,15 +167,18 @@ class Responder(SocketWorker):
         known = self._known()
         if known and packet.src.node not in known:
             return None, DropReason.UNKNOWN_NODE
-        now_ns = self._time.now()
-        if packet.t1_ns > now_ns + self._max_skew_ns:
+        arrived_ns = self._time.to_local(received.rx_true_ns)  # on this host's clock, as t1 is on the prober's
+        if packet.t1_ns > arrived_ns + self._max_skew_ns:
             return None, DropReason.FUTURE
-        if packet.t1_ns < now_ns - self._max_skew_ns:
+        if packet.t1_ns < arrived_ns - self._max_skew_ns:
             return None, DropReason.PAST
         return packet, None
 
-    def _rate_limit(self, source: str) -> DropReason | None:
-        now = self._monotonic()
+    def _arrival_s(self, received: Received) -> float:
+        """When the datagram arrived, on the rate limits' monotonic clock (now, less its age by its stamp)."""
+        return self._monotonic() - max(0.0, (time.time_ns() - received.rx_true_ns) / 1e9)
+
+    def _rate_limit(self, source: str, now: float) -> DropReason | None:
         with self._lock:
             bucket = self._sources.get(source)
             if bucket is None:

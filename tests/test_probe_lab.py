@@ -73,11 +73,11 @@ def probing(lab: Lab, peers: Path, duration_s: float) -> Iterator[dict[str, Any]
     Output goes to files, not pipes: a pipe nobody reads while probing would fill and stall the prober.
     """
     outs = {h: peers.parent / f"{h}-{time.monotonic_ns()}.out" for h in lab.topology.hosts}
-    # a 2 s timeout: on a busy 2-core machine a responder can be starved for half a second, and its
-    # late answer is not a lost probe (the kernel's stamps still give the true delays)
+    # a 5 s timeout: on a busy 2-core machine a responder can be starved for seconds (CI lost one probe
+    # of 114 at 2 s), and its late answer is not a lost probe (the kernel's stamps still give the true delays)
     procs = {h: lab.exec(h, [*PROBE, "--node", h, "--peers", str(peers), "--duration-s", str(duration_s),
                              "--clock-script", str(lab.host_dir(h) / "clock.json"), "--interval-s", "0.05",
-                             "--timeout-s", "2.0", "--samples", "--wait-go"],
+                             "--timeout-s", "5.0", "--samples", "--wait-go"],
                          stdin=subprocess.PIPE, stdout=outs[h].open("w"), stderr=subprocess.PIPE, text=True)
              for h in lab.topology.hosts}
     result: dict[str, Any] = {"summary": {}}
@@ -115,7 +115,7 @@ def test_every_path_over_both_nics_is_probed_without_loss_on_host_clocks(lab: La
         assert len(summary["paths"]) == (len(hosts) - 1) * SPEC.rails, h
         for p in summary["paths"]:
             # the prober settles before it stops: every probe it sent was answered (none lost, none in flight)
-            assert p["sent"] >= 40 and p["lost"] == 0 and p["sent"] == p["received"], (h, p)
+            assert p["sent"] >= 40 and p["lost"] == 0 and p["sent"] == p["received"], f"{h}: {p}"
         assert not summary["dropped"]["prober"] and not summary["dropped"]["responder"], summary["dropped"]
         seen = {s.path for s in run[h]}
         assert seen == {(h, f"nic{r}", o, f"nic{r}") for o in hosts if o != h for r in range(SPEC.rails)}
@@ -123,7 +123,7 @@ def test_every_path_over_both_nics_is_probed_without_loss_on_host_clocks(lab: La
         # the responder's send stamp is taken in user space: a responder starved between taking it and
         # sending adds its wait to that probe's RTT, so single probes can take up to the timeout; most don't
         rtts = [s.rtt_ns for s in run[h]]
-        assert all(0 < r < 2_000_000_000 for r in rtts) and statistics.median(rtts) < 2_000_000, (h, sorted(rtts)[-5:])
+        assert all(0 < r < 5_000_000_000 for r in rtts) and statistics.median(rtts) < 2_000_000, (h, sorted(rtts)[-5:])
         # The lab's clocks are up to 10 ms apart: only stamps all taken on their host's clock correct to
         # small positive delays. (A single one can be late: t3 is read in user space, and 2 CPUs run it all.)
         delays = [d for s in run[h] for d in one_way_delays(s, corr) or ()]

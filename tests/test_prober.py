@@ -33,6 +33,7 @@ from ridethrough.collector.timestamps import (
     SO_TIMESTAMPING,
     SO_TIMESTAMPNS,
     HostTime,
+    Received,
     _with_timestamps,
     open_probe_socket,
     parse_errqueue,
@@ -261,6 +262,34 @@ def test_a_flood_from_one_source_is_rate_limited() -> None:
         assert responder.answered() == {"nic0": 5}
     finally:
         responder.stop(timeout_s=2.0)
+
+
+def test_a_starved_responder_judges_what_it_drains_by_when_it_arrived() -> None:
+    """Two seconds of probes read at once: within the rate by their arrival, and sent in time, so all answered."""
+    responder = Responder(node="b", listen={"nic0": ("127.0.0.2", 0)}, per_source_rate=10.0, per_source_burst=2.0,
+                          max_skew_s=1.0, monotonic=FakeMono())
+    responder.open()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as prober:
+        prober.bind(("127.0.0.9", 0))
+        prober.settimeout(5)
+        now = time.time_ns()
+        # 10 probes, one every 0.2 s (5 a second, half the limit); each sent 1 ms before it arrived, the first
+        # 2.2 s ago: the responder reads them all now
+        for i in range(10):
+            arrived = now - 2_200_000_000 + i * 200_000_000
+            received = Received(probe_bytes(i + 1, t1_ns=arrived - 1_000_000), prober.getsockname(), arrived,
+                                TimestampKind.KERNEL)
+            responder.handle("nic0", responder._sockets["nic0"], received)
+        assert responder.answered() == {"nic0": 10}, responder.dropped()
+        late = Received(probe_bytes(11, t1_ns=now - 1_500_000_000), prober.getsockname(), now - 100_000_000,
+                        TimestampKind.KERNEL)
+        responder.handle("nic0", responder._sockets["nic0"], late)  # it did take 1.4 s to arrive: too old
+        assert responder.dropped()[DropReason.PAST] == 1
+        for i in range(5):  # a flood is still one: five arriving at once, the burst is two
+            responder.handle("nic0", responder._sockets["nic0"], Received(
+                probe_bytes(20 + i), prober.getsockname(), time.time_ns(), TimestampKind.KERNEL))
+        assert responder.dropped()[DropReason.RATE_LIMITED] >= 3
+    responder.close()
 
 
 @pytest.mark.skipif(not LINUX, reason="kernel timestamps are Linux's")

@@ -101,7 +101,7 @@ class Runner:
         """Plans waiting for a human (``approvals.approve(plan_id)``, ``deny``, ``pending``)."""
         self._lock = threading.Lock()
         self._in_flight: dict[str, RunningAction] = {}
-        self._last_ended: dict[tuple[str, str], LastAction] = {}
+        self._last_acted: dict[tuple[str, str], LastAction] = {}
         self._recorded: dict[str, dict[str, str]] = {}  # incident id → plan/plugin key → rule last recorded
         self._threads: list[threading.Thread] = []
         self._stopping = False
@@ -124,7 +124,7 @@ class Runner:
             self._log.write(t.record)  # before acting on it: the next restart must see this takeover
         closed = [t.record for t in takeovers if not t.resumes]
         with self._lock:
-            self._last_ended = last_acted([*records, *closed], dry_run=self.policy.dry_run)
+            self._last_acted = last_acted([*records, *closed], dry_run=self.policy.dry_run)
             self.loaded = True
             for t in takeovers:
                 if t.resumes:
@@ -190,13 +190,13 @@ class Runner:
             except (StoreUnavailable, StoreError) as exc:
                 reason = f"store: cannot check earlier decisions: {exc}"
             reason = reason or refusal(self.policy, plan, incident, fleet, InFlight(
-                self._clock(), [a.plan for a in self._in_flight.values()], self._last_ended))
+                self._clock(), [a.plan for a in self._in_flight.values()], self._last_acted))
             if reason is not None:
                 return self._record(plan, incident, Status.REFUSED, reason, started, plugin, fleet=fleet)
             if self.policy.dry_run:
                 decision = self._record(plan, incident, Status.DRY_RUN, "dry run", started, plugin, fleet=fleet)
                 if decision.action_id:
-                    self._last_ended[(plan.cluster, plan.entity)] = LastAction(self._clock(), incident.key)
+                    self._last_acted[(plan.cluster, plan.entity)] = LastAction(self._clock(), incident.key)
                 return decision
             approval = self.policy.require_approval or plan.needs_approval
             status = Status.AWAITING_APPROVAL if approval else Status.APPLYING
@@ -291,7 +291,7 @@ class Runner:
                 self._in_flight.pop(a.record.action_id, None)
                 self.metrics.in_flight.set(len(self._in_flight))
                 if acted:
-                    self._last_ended[(a.plan.cluster, a.plan.entity)] = LastAction(
+                    self._last_acted[(a.plan.cluster, a.plan.entity)] = LastAction(
                         self._clock(), a.record.incident_key, undone=a.record.status is Status.ROLLED_BACK)
             self.metrics.outcomes.labels(plugin=a.plan.plugin, status=a.record.status.value).inc()
             self._notify(a.record)

@@ -9,12 +9,14 @@ Checks, cheapest first, each a `DropReason`: a per-source and a total rate limit
 costs a token-bucket lookup per packet and is never answered beyond the limit), the wire
 format, the packet type, the destination (this node and this NIC), the prober's node (when
 a peer table is known), the probe's send time against this clock (``max_skew_s`` either
-way), and an anti-replay window per prober NIC. The rate limits and the send-time check go by when
-each datagram arrived (its kernel stamp), not when the thread got to it: a responder starved for
-a second or two drains that time's probes at once, and judged on reading they were a flood and
-from the past, so its peers counted probes that had arrived in time as lost. Per-path and per-source state is bounded
+way), and an anti-replay window per prober NIC. Per-path and per-source state is bounded
 (`MAX_TRACKED`, least recently seen forgotten first). Nothing a sender writes can raise in
 the thread.
+
+The rate limits and the send-time check go by when each datagram arrived (its kernel stamp),
+not when the thread got to it: a responder starved for a second or two drains that time's
+probes at once, and judged on reading they were a flood and from the past, so its peers
+counted probes that had arrived in time as lost.
 """
 
 from __future__ import annotations

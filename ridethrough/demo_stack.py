@@ -69,7 +69,7 @@ def lab_env(*, data_dir: Path, sink_url: str, dashboard_url: str, pagerduty_key:
         # after 10 quiet seconds (default 30), so the pages resolve while the story is told.
         "RIDETHROUGH_ACTUATORS_HYSTERESIS_S": "0", "RIDETHROUGH_CONTROLLER_QUIET_S": "10",
         "RIDETHROUGH_AGENT_REFLEX": "true" if reflex else "false",
-        # Eight hosts share this machine's cores: at the default 500 liveness probes a second each, the job's
+        # The demo's hosts share one machine's cores: at the default 500 liveness probes a second each, the job's
         # hosts spent a core between them on echoes, and a starved echo read as a lost one moved traffic
         # off healthy rails. Fewer probes per rail; the second probe still follows the first failure at once.
         "RIDETHROUGH_AGENT_REFLEX_MAX_PROBES_PER_S": "150",

@@ -130,7 +130,13 @@ def solve_pairs(pairs: Sequence[PairRow], *, reference: str = "", computed_at_ns
 
 
 def snapshot_request(snap: Snapshot) -> ExportMetricsServiceRequest:
-    """The snapshot as an OTLP request: ``ridethrough.clock.node.*`` gauges, one point per node."""
+    """The snapshot as an OTLP request: ``ridethrough.clock.node.*`` gauges, one point per node.
+
+    Each point is stamped with the time its offset holds at (the newest pair estimate's), not with when it
+    was computed: on a busy store the pairs' query can wait for tens of seconds, and a drifting offset
+    stamped that far from its own time sat off its line by drift x delay (64 ppm x 23 s: 1.5 ms), which
+    the clock detectors read as a step on every node at once.
+    """
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
     rm.resource.attributes.append(kv("service.name", "ridethrough-clock"))
@@ -145,7 +151,7 @@ def snapshot_request(snap: Snapshot) -> ExportMetricsServiceRequest:
         metric.name, metric.unit = NODE + field, unit
         for node, corr in sorted(snap.nodes.items()):
             point = metric.gauge.data_points.add()
-            point.time_unix_nano = snap.computed_at_ns
+            point.time_unix_nano = corr.at_ns
             point.as_double = value(corr)
             point.attributes.extend([kv("clock.node", node), kv("clock.reference", snap.reference)])
     return req
@@ -175,10 +181,11 @@ class ClockService:
 
     def run_once(self) -> Snapshot | None:
         """One window now: the new snapshot, or None when there was nothing to solve."""
-        now = self._clock()
         # Two windows back: an agent that just missed one window's export still counts.
-        since = now - round(3 * self._window_s * _NS_PER_S)
-        snap = solve_pairs(latest_pairs(self._store, since_ns=since), reference=self._reference, computed_at_ns=now)
+        since = self._clock() - round(3 * self._window_s * _NS_PER_S)
+        pairs = latest_pairs(self._store, since_ns=since)
+        now = self._clock()  # after the query, which may have waited its turn at the store for long
+        snap = solve_pairs(pairs, reference=self._reference, computed_at_ns=now)
         if snap is None:
             return None
         with self._lock:

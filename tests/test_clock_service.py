@@ -86,11 +86,13 @@ def test_the_graph_fixes_a_bad_edge_and_the_corrections_are_served_and_stored(st
     assert abs(doc["nodes"]["h3"]["offset_ns"] - 4e6) < 5_000 and doc["nodes"]["h3"]["at_ns"] == T0
 
     _, rows = store.query(f"SELECT MetricName, MetricUnit, Attributes['clock.node'], Value, "
-                          f"arraySort(mapKeys(Attributes)) FROM otel_metrics_gauge WHERE MetricName LIKE '{NODE}%'")
+                          f"arraySort(mapKeys(Attributes)), toUnixTimestamp64Nano(TimeUnix) FROM otel_metrics_gauge "
+                          f"WHERE MetricName LIKE '{NODE}%'")
     assert {r[0] for r in rows} == {m.name for m in metrics_of("clock")}  # held to the catalogue both ways
-    for name, unit, node, value, keys in rows:
+    for name, unit, node, value, keys, t_ns in rows:
         spec = metric(name)
         assert (spec.source, spec.unit, tuple(keys)) == ("clock", unit, tuple(sorted(spec.attributes)))
+        assert t_ns == T0, "stamped with the time the offset holds at, not the 2 s later it was computed"
         if name == NODE + "offset":
             assert abs(value * 1e9 - TRUTH[node]) < 5_000
 

@@ -8,11 +8,12 @@ A step is told from the noise and the drift of the node's own series: the offset
 ``drift x dt`` between points, so each step between consecutive points is compared with the
 series' median rate times its time gap (a telemetry gap is not a jump), and the residual must
 exceed ``jump_min_s``, ``jump_factor`` times the median residual (its own spread), and the
-distance the clock drifts in ``lag_s``. That last bound is there because each offset is the
-solution at the time of the newest pair estimate, which trails the point's timestamp by a
-varying amount (a window skipped, an estimate that arrived late): on a clock drifting 100 ppm a
-point 5 s stale sits 500 µs off the line and the next one catches up, which is a late sample,
-not a step. The ``hold_points`` points after it must then all sit beyond the ``hold_points``
+distance the clock drifts in ``lag_s``. That last bound is a margin for late samples: each
+point is stamped with the time of the newest pair estimate its solution holds at
+(`ridethrough.exporters.clock_service.snapshot_request`), but older pairs are carried to that
+time along drifts known only roughly, and on a clock drifting 100 ppm an offset 5 s stale sits
+500 µs off the line and the next one catches up, which is a late sample, not a step.
+The ``hold_points`` points after it must then all sit beyond the ``hold_points``
 before it (a single outlier that comes back is not a step).
 Only points the clock service had converged on count: a point whose uncertainty (same node,
 reference and time) is above ``converged_max_s`` is left out (right after a start the solution

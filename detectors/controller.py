@@ -7,7 +7,8 @@ Each `tick` runs the detectors that are due over a window ``[now - window_s, now
 skipped; the others keep running, and its incidents do not resolve while it fails.
 
 Started, it runs two lanes, each a thread: the live lane runs the detectors the live feed can wake
-(those with ``triggers``: a port gone down), the scheduled lane all others. A woken link detector
+(those with ``triggers``: a port gone down) or fills (``live``: the silence detector beside a gateway),
+the scheduled lane all others. A woken link detector
 then waits for no tomography or trend query to finish, only for the store's next free turn; the
 lanes share the incident tracker, one fold at a time.
 """
@@ -28,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ridethrough.detectors.contract import Detector, Finding, Window
 from ridethrough.detectors.incidents import IncidentTracker, Transition
-from ridethrough.detectors.live import triggers_of
+from ridethrough.detectors.live import runs_live
 from ridethrough.exporters.store import Store
 from ridethrough.query import check_read_only
 
@@ -166,9 +167,7 @@ class Controller:
         self._due_lock = threading.Lock()
         self._fold_lock = threading.Lock()  # the lanes fold into one tracker, one at a time
         self._stop = threading.Event()
-        live = frozenset(d.name for d in self._detectors if triggers_of(d))
-        self._lanes = {"live": live, "scheduled": frozenset(self._next_ns) - live}
-        self._woken = {lane: threading.Event() for lane in self._lanes}
+        self._woken = {lane: threading.Event() for lane in ("live", "scheduled")}
         self._threads: list[threading.Thread] = []
 
     def tick(self, now_ns: int | None = None, *, lane: str | None = None) -> list[Transition]:
@@ -178,7 +177,7 @@ class Controller:
         Until the tracker has loaded the store's incidents nothing runs (it would duplicate them).
         """
         now = self._clock() if now_ns is None else now_ns
-        among = self._lanes[lane] if lane is not None else frozenset(self._next_ns)
+        among = self.lanes[lane] if lane is not None else frozenset(self._next_ns)
         with self._fold_lock:
             if not self._tracker.loaded:
                 self._tracker.load()
@@ -244,8 +243,12 @@ class Controller:
 
     @property
     def lanes(self) -> Mapping[str, frozenset[str]]:
-        """Detector names by lane: ``live`` (those the live feed can wake) and ``scheduled``."""
-        return self._lanes
+        """Detector names by lane: ``live`` (those the live feed can wake or feeds, `runs_live`) and ``scheduled``.
+
+        Asked afresh each time: a detector joins the live lane when a feed is attached to it, after this
+        controller was built (the feed is built from its detectors)."""
+        live = frozenset(d.name for d in self._detectors if runs_live(d))
+        return {"live": live, "scheduled": frozenset(self._next_ns) - live}
 
     def wake(self, names: Sequence[str]) -> None:
         """Make the named detectors due now and wake their lanes (the live feed's hook; thread-safe)."""
@@ -254,13 +257,13 @@ class Controller:
                 if name in self._next_ns:
                     self._next_ns[name] = 0
                     self.metrics.wakes.labels(detector=name).inc()
-        for lane, members in self._lanes.items():
+        for lane, members in self.lanes.items():
             if members.intersection(names):
                 self._woken[lane].set()
 
     def seconds_to_next(self, now_ns: int, *, lane: str | None = None) -> float:
         """Seconds until the next detector (of ``lane``, default any) is due (0 when one is due now)."""
-        among = self._lanes[lane] if lane is not None else self._next_ns.keys()
+        among = self.lanes[lane] if lane is not None else self._next_ns.keys()
         with self._due_lock:
             due = [self._next_ns[n] for n in among]
         if not due:
@@ -271,7 +274,7 @@ class Controller:
         """Tick in a thread per lane until `stop`."""
         if not self._threads:
             self._threads = [threading.Thread(target=self._loop, args=(lane,), name=f"controller-{lane}", daemon=True)
-                             for lane, members in self._lanes.items() if members]
+                             for lane, members in self.lanes.items() if members]
             for t in self._threads:
                 t.start()
 

@@ -34,19 +34,30 @@ def triggers_of(detector: Detector) -> Mapping[str, Trigger]:
     return found if isinstance(found, Mapping) else {}
 
 
+def runs_live(detector: Detector) -> bool:
+    """Whether ``detector`` belongs in the controller's live lane: the feed can wake it (``triggers``), or it
+    decides from what the feed gave it and queries the store little or not at all (``live`` true)."""
+    return bool(triggers_of(detector)) or getattr(detector, "live", False) is True
+
+
 class LiveFeed:
     """Scans each written batch's gauge points and wakes the detectors whose triggers match.
 
     A detector is woken at most once per ``min_gap_s``; only rows of watched metrics are looked
-    at beyond their name, and one bit per watched series is kept (the last verdict).
+    at beyond their name, and one bit per watched series is kept (the last verdict). A detector
+    with ``follow_feed()`` gets every written batch too, through the observer that returns.
     """
 
     def __init__(self, detectors: Iterable[Detector], *, wake: Callable[[Sequence[str]], None],
                  min_gap_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
         self._by_metric: dict[str, list[tuple[str, Trigger]]] = {}
+        self._followers: list[Callable[[Rows], None]] = []
         for d in detectors:
             for metric, test in triggers_of(d).items():
                 self._by_metric.setdefault(metric, []).append((d.name, test))
+            follow = getattr(d, "follow_feed", None)
+            if callable(follow):
+                self._followers.append(follow())
         self._wake = wake
         self._gap = min_gap_s
         self._clock = clock
@@ -61,6 +72,11 @@ class LiveFeed:
 
     def __call__(self, rows: Rows) -> None:
         """Look at one written batch (the pipeline's observer)."""
+        for follower in self._followers:
+            try:
+                follower(rows)
+            except Exception:  # one follower's bug must not keep the batch from the triggers or the others
+                log.exception("live-feed follower %r failed", follower)
         if not self._by_metric:
             return
         cols = rows.columns.get(GAUGE.name)

@@ -6,10 +6,12 @@ This is the only detector a telemetry gap may trigger; every other one reads abs
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ridethrough.detectors import sql
 from ridethrough.detectors.contract import Detector, EntityType, Finding, FindingKind, Severity, Window
+from ridethrough.detectors.heard import LastHeard
 
 _SQL = f"""
     SELECT node, any(host) AS host, max(t) AS last_ns FROM (
@@ -43,6 +45,12 @@ class AgentSilent:
     run (less ``silent_after_s``, for rows that land late); a window that does not follow on
     (time went back, or a gap longer than the window) is read in full again. Nodes older than
     the window are forgotten, as the full query would.
+
+    Beside a gateway it needs no query after the first: `follow_feed` gives the live feed a
+    `LastHeard` to fill from every written batch, and from then on each run reads the store only
+    for a window that does not follow on. Such a run costs the store nothing, so it goes in the
+    controller's live lane (``live``) and a frozen host is told within an interval of its
+    ``silent_after_s``, not behind the scheduled lane's slow trend queries.
     """
 
     name = "agent_silent"
@@ -53,6 +61,19 @@ class AgentSilent:
         self.silent_after_s = silent_after_s
         self._seen: dict[str, tuple[int, dict[str, tuple[int, str]]]] = {}
         """Per cluster: the end of the last window read, and node → (newest point ns, host)."""
+        self._heard: LastHeard | None = None
+
+    @property
+    def live(self) -> bool:
+        """True once a live feed fills its `LastHeard`: a run then queries nothing (the controller's live lane)."""
+        return self._heard is not None and self._heard.attached
+
+    def follow_feed(self) -> LastHeard:
+        """The observer of written batches to hand the live feed; it marks itself attached."""
+        if self._heard is None:
+            self._heard = LastHeard()
+        self._heard.attached = True
+        return self._heard
 
     def detect(self, window: Window) -> list[Finding]:
         """One finding per silent node."""
@@ -79,17 +100,26 @@ class AgentSilent:
         """Every node's newest point seen since the window's start (query ``node_last_seen``)."""
         prev_end, known = self._seen.get(window.cluster, (0, {}))
         follows = window.start_ns <= prev_end <= window.end_ns
+        heard = self._heard
+        if follows and heard is not None and heard.attached:  # the feed has had every batch since the last read
+            return self._keep(window, known, heard.snapshot(window.cluster))
         start = max(window.start_ns, prev_end - int(self.silent_after_s * 1e9)) if follows else window.start_ns
         seen = dict(known) if follows else {}
         # no node is "silent before" the far future: every node read since ``start``, with its newest point
         rows = sql.run(window, _SQL, {**sql.params(window, silent_before=2**62), "start": start})
-        for r in rows:
-            t = int(r["last_ns"])
-            if t > seen.get(r["node"], (0, ""))[0]:
-                seen[r["node"]] = (t, r["host"])
-        seen = {n: v for n, v in seen.items() if v[0] >= window.start_ns}
-        self._seen[window.cluster] = (window.end_ns, seen)
-        return seen
+        return self._keep(window, seen, {r["node"]: (int(r["last_ns"]), r["host"]) for r in rows})
+
+    def _keep(self, window: Window, seen: dict[str, tuple[int, str]], news: Mapping[str, tuple[int, str]]
+              ) -> dict[str, tuple[int, str]]:
+        """``seen`` with the newer of each node's points from ``news``, less nodes older than the window; kept
+        as the cluster's state at the window's end."""
+        out = dict(seen)
+        for node, (t, host) in news.items():
+            if t > out.get(node, (0, ""))[0]:
+                out[node] = (t, host)
+        out = {n: v for n, v in out.items() if v[0] >= window.start_ns}
+        self._seen[window.cluster] = (window.end_ns, out)
+        return out
 
 
 def build(cfg: object) -> list[Detector]:

@@ -7,10 +7,10 @@ Each `tick` runs the detectors that are due over a window ``[now - window_s, now
 skipped; the others keep running, and its incidents do not resolve while it fails.
 
 Started, it runs two lanes, each a thread: the live lane runs the detectors the live feed can wake
-(those with ``triggers``: a port gone down) or fills (``live``: the silence detector beside a gateway),
-the scheduled lane all others. A woken link detector
-then waits for no tomography or trend query to finish, only for the store's next free turn; the
-lanes share the incident tracker, one fold at a time.
+(those with ``triggers``: a port gone down) or fills (``live``: the silence detector beside a
+gateway), the scheduled lane all others. A woken link detector then waits for no tomography or
+trend query to finish, only for the store's next free turn; the lanes share the incident tracker,
+one fold at a time.
 """
 
 from __future__ import annotations

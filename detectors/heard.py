@@ -66,7 +66,6 @@ class LastHeard:
                     best = t
             if best >= 0:
                 _keep(newest, key, best, host)
-        newest.pop(("", ""), None)
         with self._lock:
             for (cluster, node), (t, host) in newest.items():
                 if not node:

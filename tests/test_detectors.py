@@ -155,7 +155,7 @@ def _healthy(c: str) -> list[dict[str, Any]]:
 
 
 def _all_detectors() -> list[Detector]:
-    cfg = SimpleNamespace()
+    cfg = SimpleNamespace(straggler_min_runs=1)  # judged on each window alone (confirmation: tested on its own)
     return [d for m in (link, gpu, straggler, silent) for d in m.build(cfg)]
 
 
@@ -285,8 +285,26 @@ def test_straggler(store: Store) -> None:
     c = "straggler"
     slow = series(c, "h9", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "7"}, [2.0] * N)
     _write(store, c, _healthy_job(c) + slow, twice=True)
-    f = _one(run(store, straggler.Straggler(), c), FindingKind.STRAGGLER, "j1/rank7")
+    f = _one(run(store, straggler.Straggler(min_runs=1), c), FindingKind.STRAGGLER, "j1/rank7")
     assert f.entity_type is EntityType.RANK and f.evidence["host"] == "h9"
+
+
+def test_straggler_is_reported_once_it_stood_out_in_two_runs_in_a_row(store: Store) -> None:
+    """One window's outlier is a suspect; the next run's window confirms it (and counts on), a run that clears
+    it starts the count again, and so does a window that goes back in time."""
+    c = "straggler-confirm"
+    slow = series(c, "h9", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "7"}, [2.0] * N)
+    _write(store, c, _healthy_job(c) + slow)
+    det = straggler.Straggler()
+    assert det.min_runs == 2
+    assert run(store, det, c, end_ns=END - 20 * S) == []  # a suspect, not yet a finding
+    f = _one(run(store, det, c, end_ns=END - 10 * S), FindingKind.STRAGGLER, "j1/rank7")
+    assert f.evidence["runs"] == 2 and f.evidence["host"] == "h9"
+    assert _one(run(store, det, c, end_ns=END), FindingKind.STRAGGLER, "j1/rank7").evidence["runs"] == 3
+    assert run(store, det, c, end_ns=END) == []  # the same window again is no new evidence: the count starts over
+    assert run(store, det, c, end_ns=T0 - 600 * S) == []  # no data: cleared
+    assert run(store, det, c, end_ns=END - 10 * S) == []  # the first run after clearing is a suspect again
+    assert run(store, det, c, end_ns=END) != []
 
 
 def test_straggler_by_compute_time_in_a_lockstep_job(store: Store) -> None:
@@ -295,7 +313,7 @@ def test_straggler_by_compute_time_in_a_lockstep_job(store: Store) -> None:
     rows = [r for r in _healthy_job(c) if not (r["MetricName"] != "ridethrough.job.step.duration"
                                                 and r["Attributes"]["job.rank"] == "3")]
     _write(store, c, rows + _job_counters(c, 3, 0.040), twice=True)
-    f = _one(run(store, straggler.Straggler(), c), FindingKind.STRAGGLER, "j1/rank3")
+    f = _one(run(store, straggler.Straggler(min_runs=1), c), FindingKind.STRAGGLER, "j1/rank3")
     assert f.evidence["query"] == "rank_compute_per_step" and f.evidence["host"] == "h3"
     assert f.evidence["rank_s"] == pytest.approx(0.040) and f.evidence["ranks"] == 4
 
@@ -311,8 +329,9 @@ def test_straggler_by_compute_time_ignores_a_job_that_stopped_stepping(store: St
                                  and x["Attributes"] == r["Attributes"] and x["TimeUnix"] == TIMES[stop])}
              if r["TimeUnix"] > TIMES[stop] else r for r in rows]
     _write(store, c, ended)
-    assert run(store, straggler.Straggler(), c) == []
-    assert [f.entity for f in run(store, straggler.Straggler(stale_s=1e9), c)] == ["j1/rank3"], "the control"
+    assert run(store, straggler.Straggler(min_runs=1), c) == []
+    control = straggler.Straggler(min_runs=1, stale_s=1e9)
+    assert [f.entity for f in run(store, control, c)] == ["j1/rank3"], "the control"
 
 
 def test_straggler_within_a_wide_scatter_is_noise_and_far_outside_it_is_found(store: Store) -> None:
@@ -322,10 +341,10 @@ def test_straggler_within_a_wide_scatter_is_noise_and_far_outside_it_is_found(st
     scatter = {rank: 0.05 + 0.1 * ((rank * 7) % 30) / 29 for rank in range(30)}
     rows = [r for rank, v in {**scatter, 31: 0.160}.items() for r in _job_counters(c, rank, v)]
     _write(store, c, rows)
-    assert run(store, straggler.Straggler(), c) == []
-    assert [f.entity for f in run(store, straggler.Straggler(min_z=0.0), c)] == ["j1/rank31"], "the control"
+    assert run(store, straggler.Straggler(min_runs=1), c) == []
+    assert [f.entity for f in run(store, straggler.Straggler(min_runs=1, min_z=0.0), c)] == ["j1/rank31"], "the control"
     _write(store, c, _job_counters(c, 30, 0.600))
-    assert [f.entity for f in run(store, straggler.Straggler(), c)] == ["j1/rank30"]
+    assert [f.entity for f in run(store, straggler.Straggler(min_runs=1), c)] == ["j1/rank30"]
 
 
 def test_straggler_by_step_time_within_a_wide_scatter_is_noise(store: Store) -> None:
@@ -338,19 +357,19 @@ def test_straggler_by_step_time_within_a_wide_scatter_is_noise(store: Store) -> 
                       [seconds] * N)
 
     _write(store, c, [r for rank in range(30) for r in steps(rank, 0.5 + ((rank * 7) % 30) / 29)] + steps(31, 1.6))
-    assert run(store, straggler.Straggler(), c) == []
-    found = run(store, straggler.Straggler(min_z=0.0), c)
+    assert run(store, straggler.Straggler(min_runs=1), c) == []
+    found = run(store, straggler.Straggler(min_runs=1, min_z=0.0), c)
     assert [f.entity for f in found] == ["j1/rank31"], "the control"
     assert found[0].evidence["query"] == "rank_step_medians"
     _write(store, c, steps(30, 6.0))
-    assert [f.entity for f in run(store, straggler.Straggler(), c)] == ["j1/rank30"]
+    assert [f.entity for f in run(store, straggler.Straggler(min_runs=1), c)] == ["j1/rank30"]
 
 
 def test_straggler_needs_enough_steps(store: Store) -> None:
     c = "straggler-few"
     slow = series(c, "h9", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "7"}, [2.0] * 3)
     _write(store, c, _healthy_job(c) + slow)
-    assert run(store, straggler.Straggler(), c) == []
+    assert run(store, straggler.Straggler(min_runs=1), c) == []
 
 
 def test_agent_silent(store: Store) -> None:
@@ -384,12 +403,12 @@ def test_straggler_ignores_a_rank_that_stopped_stepping(store: Store) -> None:
     stale = (series(c, "h9", "ridethrough.job.step.duration", attrs, [2.0] * N)
              + series(c, "h9", "ridethrough.job.step.last", attrs, [42.0] * N))
     _write(store, c, _healthy_job(c) + stale, twice=True)
-    assert run(store, straggler.Straggler(), c) == []
+    assert run(store, straggler.Straggler(min_runs=1), c) == []
     c = "straggler-advancing"
     moving = (series(c, "h9", "ridethrough.job.step.duration", attrs, [2.0] * N)
               + series(c, "h9", "ridethrough.job.step.last", attrs, [float(i) for i in range(N)]))
     _write(store, c, _healthy_job(c) + moving)
-    _one(run(store, straggler.Straggler(), c), FindingKind.STRAGGLER, "j1/rank7")
+    _one(run(store, straggler.Straggler(min_runs=1), c), FindingKind.STRAGGLER, "j1/rank7")
 
 
 def test_straggler_by_compute_time_waits_for_ranks_in_step(store: Store) -> None:
@@ -403,8 +422,9 @@ def test_straggler_by_compute_time_waits_for_ranks_in_step(store: Store) -> None
              + series(c, "h3", "ridethrough.job.phase.time", {**attrs, "job.phase": "compute"},
                       [n * 0.040 for n in steps]))
     _write(store, c, rows)
-    assert run(store, straggler.Straggler(), c) == []
-    assert run(store, straggler.Straggler(max_step_spread=10.0), c)  # the control: judged anyway, it is blamed
+    assert run(store, straggler.Straggler(min_runs=1), c) == []
+    # the control: judged anyway, it is blamed
+    assert run(store, straggler.Straggler(min_runs=1, max_step_spread=10.0), c)
 
 
 def test_agent_silent_reads_on_from_its_last_window(store: Store) -> None:
@@ -446,4 +466,4 @@ def test_straggler_step_time_noise_of_a_phased_rank_is_not_a_straggler(store: St
                                                 and r["Attributes"]["job.rank"] == "2")]
     rows += series(c, "h2", "ridethrough.job.step.duration", {"job.id": "j1", "job.rank": "2"}, [2.0] * N)
     _write(store, c, rows)
-    assert run(store, straggler.Straggler(), c) == []
+    assert run(store, straggler.Straggler(min_runs=1), c) == []

@@ -87,3 +87,9 @@ def read_ready(path: Path, proc: Proc, *, timeout_s: float = 60.0) -> dict[str, 
             raise AssertionError(f"process exited early:\n{proc.output()}")
         return json.loads(path.read_text()) if path.exists() else None
     return wait_for(ready, timeout_s=timeout_s, what=f"ready file {path}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--update-golden``: rewrite the golden cases' expected findings (`tests/test_detector_golden.py`)."""
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="Rewrite tests/fixtures/golden/detectors/*.json expected findings from this run.")

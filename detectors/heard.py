@@ -13,21 +13,16 @@ It only knows what was written since it was attached, so its user reads the stor
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 
+from ridethrough.exporters.ingest_auth import CLUSTER_ATTRIBUTE
 from ridethrough.exporters.rows import Rows
 from ridethrough.exporters.schema import GAUGE, LOGS, SUM
 
 NODE_ID = "ridethrough.node.id"
 HOST_NAME = "host.name"
-CLUSTER = "ridethrough.cluster"
 
 _TIME_COLUMNS = ((GAUGE.name, "TimeUnix"), (SUM.name, "TimeUnix"), (LOGS.name, "Timestamp"))
 """The tables `ridethrough.detectors.silent`'s store query reads, and each one's point time."""
-
-Heard = Mapping[str, tuple[int, str]]
-"""node → (newest point ns, host name)."""
-
 
 class LastHeard:
     """Per cluster and node, the newest point time written (a pipeline observer; thread-safe).
@@ -61,7 +56,7 @@ class LastHeard:
                         _keep(newest, key, best, host)
                     last_res, best = res, -1
                     node = res.get(NODE_ID) or res.get(HOST_NAME, "")
-                    key, host = (res.get(CLUSTER, ""), node), res.get(HOST_NAME, "")
+                    key, host = (res.get(CLUSTER_ATTRIBUTE, ""), node), res.get(HOST_NAME, "")
                 if t > best:
                     best = t
             if best >= 0:

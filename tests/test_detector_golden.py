@@ -24,13 +24,13 @@ from ridethrough.detectors.contract import Finding, Window
 from ridethrough.detectors.controller import default_detectors
 from ridethrough.exporters import schema
 from ridethrough.exporters.store import Store
+from tests.test_detectors import insert
 
 pytestmark = pytest.mark.integration
 
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden" / "detectors"
 CASES = sorted(p.name.removesuffix(".json") for p in GOLDEN.glob("*.json") if p.name != "fabric.json")
 TABLES = {t.name: t for t in (schema.GAUGE, schema.SUM, schema.LOGS)}
-_DEFAULTS = {"Map": {}, "Array": []}
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +41,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     st.close()
 
 
-def _default(typ: str) -> Any:
-    for prefix, value in _DEFAULTS.items():
-        if typ.startswith(prefix):
-            return type(value)()
-    return "" if "String" in typ else 0
-
-
 def load(store: Store, case: str) -> None:
     """Write the case's rows, each marked with the case's cluster (so cases never see each other's rows)."""
     with gzip.open(GOLDEN / f"{case}.rows.json.gz", "rt", encoding="utf-8") as f:
@@ -55,12 +48,9 @@ def load(store: Store, case: str) -> None:
     for name, rows in tables.items():
         if not rows:
             continue
-        table = TABLES[name]
         for r in rows:
             r["ResourceAttributes"] = {**r["ResourceAttributes"], "ridethrough.cluster": case}
-        cols = [c for c in table.columns if c.insert]
-        store.insert_columns(table, [[r.get(c.name, _default(c.type)) for r in rows] for c in cols],
-                             token=f"golden-{case}-{name}")
+        insert(store, TABLES[name], rows, token=f"golden-{case}-{name}")
 
 
 def summary(f: Finding) -> dict[str, Any]:

@@ -32,7 +32,8 @@ TIMES = {"StartTimeUnix", "TimeUnix", "Timestamp"}
 
 def _ns(text: str) -> int:
     """Nanoseconds of a UTC 'YYYY-MM-DD HH:MM:SS[.fff]'."""
-    return int(dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp() * 1e9)
+    d = dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+    return int(d.replace(microsecond=0).timestamp()) * 10**9 + d.microsecond * 1000  # exact: no float ns
 
 
 def _select(store: Store, table: str, columns: tuple[str, ...], time_col: str, where: str,

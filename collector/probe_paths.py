@@ -241,6 +241,10 @@ class PathCounters:
     lost_reverse: int = 0
     unreached: int = 0
     """Probes unanswered before the path's first reply, within the prober's ``first_contact_s``: not lost."""
+    late: int = 0
+    """Replies that came after the timeout because the responder held them (also in ``received``)."""
+    unknown: int = 0
+    """Probes that could not be judged: in neither ``received`` nor ``lost``."""
     _unsettled: collections.deque[float] = field(default_factory=collections.deque)
     _epoch: int | None = None
     _base: tuple[int, int, int] = (0, 0, 0)  # (probe index, rx_count, received) at the epoch's first reply
@@ -269,6 +273,11 @@ class PathCounters:
             self._settled = (max(self._settled[0], forward), max(self._settled[1], reverse))
         self._last = (index, rx_count)
         self._attribute()
+
+    def on_late(self) -> None:
+        """A reply came late: received, but out of order, so it leaves the direction split alone."""
+        self.received += 1
+        self.late += 1
 
     def settle(self, now_s: float, grace_s: float) -> None:
         """Count losses that no reply settled within ``grace_s`` as forward."""

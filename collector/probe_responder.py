@@ -16,7 +16,9 @@ the thread.
 The rate limits and the send-time check go by when each datagram arrived (its kernel stamp),
 not when the thread got to it: a responder starved for a second or two drains that time's
 probes at once, and judged on reading they were a flood and from the past, so its peers
-counted probes that had arrived in time as lost.
+counted probes that had arrived in time as lost. The same stamps measure the responder's stalls
+(`StallMeter`: a datagram read long after it arrived), and the replies carry them to the prober as
+the turnaround t3 - t2, which tells a late reply from a slow network.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from ridethrough.collector.probe_paths import Address, ReplayWindow, TokenBucket
+from ridethrough.collector.probe_stall import StallMeter
 from ridethrough.collector.probe_wire import (
     T3_OFFSET,
     DropReason,
@@ -90,11 +93,15 @@ class Responder(SocketWorker):
         self._dropped = dict.fromkeys(DropReason, 0)
         self._answered = dict.fromkeys(listen, 0)
         self._on_probe = on_probe
+        self.stalls = StallMeter()
+        """When this responder's thread was held off (probes read long after they arrived)."""
 
     def dropped(self) -> dict[DropReason, int]:
-        """Packets dropped so far, by reason."""
+        """Packets dropped so far, by reason (with those the kernel dropped for want of socket buffer)."""
         with self._lock:
-            return dict(self._dropped)
+            out = dict(self._dropped)
+        out[DropReason.SOCKET_OVERFLOW] += sum(sock.overflowed for sock in list(self._sockets.values()))
+        return out
 
     def answered(self) -> dict[str, int]:
         """Probes answered so far, by local NIC."""
@@ -108,12 +115,27 @@ class Responder(SocketWorker):
         for fd in (*by_fd, self._wake[0].fileno()):
             poller.register(fd, select.POLLIN)
         while not self._stopping.is_set():
-            for fd, _ in poller.poll():
-                if fd in by_fd:
-                    self._drain(by_fd[fd])
+            ready = [by_fd[fd] for fd, _ in poller.poll() if fd in by_fd]
+            if ready:
+                self._answer(ready)
 
-    def _drain(self, nic: str) -> None:
-        sock = self._sockets[nic]
+    def _answer(self, nics: Collection[str]) -> None:
+        """Read what waits on ``nics`` (a batch each) and answer it in the order it arrived, whichever NIC it came
+        to: a responder that ran late then answers its backlog oldest first, so a prober that sees a later probe
+        answered in time knows an earlier one unanswered was lost on the way, not still queued here."""
+        batch: list[tuple[int, str, Received]] = []
+        for nic in nics:
+            batch += [(received.rx_true_ns, nic, received) for received in self._read(nic)]
+        batch.sort(key=lambda item: item[0])
+        for _, nic, received in batch:
+            try:
+                self.handle(nic, self._sockets[nic], received)
+            except Exception:  # a bug here must cost one packet, not the responder
+                _log.exception("probe responder: failed on a packet from %s", received.addr)
+                self._drop(DropReason.INTERNAL)
+
+    def _read(self, nic: str) -> list[Received]:
+        sock, out = self._sockets[nic], []
         for _ in range(_DRAIN_BATCH):
             try:
                 received = sock.recv()
@@ -121,12 +143,10 @@ class Responder(SocketWorker):
                 _log.debug("probe responder %s: receive failed: %s", nic, exc)
                 continue
             if received is None:
-                return
-            try:
-                self.handle(nic, sock, received)
-            except Exception:  # a bug here must cost one packet, not the responder
-                _log.exception("probe responder: failed on a packet from %s", received.addr)
-                self._drop(DropReason.INTERNAL)
+                break
+            self.stalls.note_read(received.rx_true_ns, received.read_ns)
+            out.append(received)
+        return out
 
     def handle(self, nic: str, sock: ProbeSocket, received: Received) -> None:
         """Check one datagram that reached ``nic``; answer it on ``sock`` or count why not."""

@@ -102,6 +102,8 @@ class DropReason(enum.StrEnum):
     INCONSISTENT = "inconsistent"
     """A reply whose times cannot be one exchange (negative RTT, a turnaround beyond the timeout)."""
     SEND_ERROR = "send_error"
+    SOCKET_OVERFLOW = "socket_overflow"
+    """Dropped by the kernel before the thread read it: the socket's receive buffer was full (a stalled thread)."""
     INTERNAL = "internal"
 
 

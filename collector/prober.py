@@ -12,19 +12,40 @@ times from the kernel's receive stamps; every stamp is mapped onto the host's cl
 A reply is matched to its probe by (NIC, sequence number) and must echo the probe's random
 cookie, come from the address the probe went to, name the right endpoints, and carry
 times that make one exchange; otherwise it is dropped and counted by `DropReason` (the probe
-still waits for its real reply). A probe with no reply within ``timeout_s`` is lost (replies
-already waiting in the sockets are read before any probe expires: an agent starved of CPU for
-seconds does not count the answers it was late to read as losses)
-(`PathCounters` splits losses by direction); a path that loses ``losses_to_suspend`` in a row
-is suspended and retried later with exponential backoff (`PathHealth`), or at once when the
-peer's own probes reach our responder over that path (`heard_from`: the host is back, and a
-backoff grown over a long outage would otherwise keep the path suspended, and looking dead,
-minutes after; a probe over another rail says nothing of this one). As BFD declares no
+still waits for its real reply).
+
+Each probe is judged by what the network did to it, not by when a thread got to run:
+
+* *received*: its reply arrived (kernel stamp) within ``timeout_s``, however late this thread
+  read it (replies waiting in the sockets are read before any probe is judged);
+* *late*: the reply arrived after the timeout, but the exchange less the responder's turnaround
+  (t3 - t2: how long the peer held the probe) fits in it: the peer's responder was stalled
+  (a starved agent), not the path. Counted as received, and as ``late``;
+* *lost*: no reply, while the peer's responder was running: it answered in time a probe of a
+  later round (over any rail: one thread answers them all, in the order they arrived), so this
+  one was lost on the way; or a reply whose network time alone exceeds the timeout. A probe
+  unanswered at its timeout whose peer has answered no later round since is *overdue*: judged
+  when such an answer comes, or when its own (late) reply does, or ``late_s`` after the timeout;
+* *unknown*: overdue to the end (the peer silent throughout: starved, frozen, or cut off on
+  every rail, which this prober cannot tell apart), or unanswered while our own socket dropped
+  datagrams for want of buffer (``SO_RXQ_OVFL``). Neither lost nor received. The controller,
+  which also has the peer's own account of its stalls (``ridethrough.probe.stalled``), counts
+  a path's unknown probes as lost unless one of its ends stalled.
+
+Stalls of this thread (`StallMeter`: late wake-ups, replies read long after they arrived) are
+counted in ``stalls``. `PathCounters` splits losses by direction; a path that loses
+``losses_to_suspend`` in a row is suspended and retried later with exponential backoff
+(`PathHealth`), or at once when the peer's own probes reach our responder over that path
+(`heard_from`: the path is back, and a backoff grown over a long outage would otherwise keep
+it suspended, and looking dead, minutes after; a probe over another rail says nothing of this
+one). Only lost probes count towards a suspension: a peer silent on every rail is not a path's
+fault, and its probes go on at the usual pace. As BFD declares no
 session down that never came up, a path that has never been answered is not losing probes
 but not reached yet: for its first ``first_contact_s`` its unanswered probes count as
 ``unreached``, not lost (a peer's agent starts seconds after ours in any rollout, and its
 probes lost meanwhile would blame its links). Past that, a path never answered loses like
-any other: a black hole there from the start is still reported. Peers are every
+any other while its peer answers over another: a black hole there from the start is still
+reported. Peers are every
 pinned one plus ``k`` drawn at random and re-drawn every ``redraw_s`` (`PeerPicker`).
 
 `Responder` (answering probes) lives in `ridethrough.collector.probe_responder`.
@@ -53,6 +74,7 @@ from ridethrough.collector.probe_paths import (
 )
 from ridethrough.collector.probe_responder import Responder
 from ridethrough.collector.probe_sample import ProbeSample, TimestampKind
+from ridethrough.collector.probe_stall import StallMeter
 from ridethrough.collector.probe_wire import T1_OFFSET, DropReason, Probe, Reply, WireError, decode, encode, patch_time
 from ridethrough.collector.probe_worker import SocketWorker
 from ridethrough.collector.timestamps import HostTime, Received
@@ -64,6 +86,9 @@ _RECENT = 4096  # sequence numbers remembered per NIC after their fate, to tell 
 _TX_STAMP_WINDOW_NS = 100_000_000  # a send stamp this long after the send() call belongs to another packet
 _PLAN_EVERY_S = 1.0
 _SETTLE_EVERY_S = 0.25
+_RATE_SLACK = 500e-6  # how far two hosts' clock rates may differ (quartz: tens of ppm; NTP slews at 500 ppm)
+_STAMP_SLACK_NS = 100_000  # and their stamps, taken in user space on one side
+_DRAIN_ROUNDS = 64  # batches per socket read before probes are judged: a stalled prober's whole backlog
 _RANK = {TimestampKind.HARDWARE: 0, TimestampKind.KERNEL: 1, TimestampKind.USER: 2}
 PathKey = tuple[str, str, str]
 """(local NIC, peer node, peer NIC)."""
@@ -89,6 +114,8 @@ class ProberSettings:
     backoff_min_s: float = 5.0
     backoff_max_s: float = 300.0
     first_contact_s: float = 30.0
+    late_s: float = 10.0
+    """How long past its timeout an overdue probe's reply may still come (late), before the probe is judged."""
     want_tx_timestamps: bool = True
     want_hardware: bool = False
 
@@ -99,8 +126,8 @@ class ProberSettings:
             raise ValueError("pair gap must be 0-10 ms, k >= 0 and losses_to_suspend >= 1")
         if self.backoff_max_s < self.backoff_min_s:
             raise ValueError("backoff_max_s must be at least backoff_min_s")
-        if self.first_contact_s < 0:
-            raise ValueError("first_contact_s must be >= 0")
+        if self.first_contact_s < 0 or self.late_s < 0:
+            raise ValueError("first_contact_s and late_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +143,10 @@ class PathStatus:
     suspended: bool
     unreached: int = 0
     """Probes unanswered before the path was first answered (see the module docstring): not in ``lost``."""
+    late: int = 0
+    """Probes answered late because the peer's responder was stalled (also in ``received``)."""
+    unknown: int = 0
+    """Probes that could not be judged (see the module docstring): in neither ``received`` nor ``lost``."""
 
 
 @dataclass(slots=True)
@@ -129,6 +160,8 @@ class _Pending:
     t1_kind: TimestampKind
     sent_s: float
     before_true_ns: int
+    overflowed: int = 0
+    """Our socket's drop count when the probe was sent: a rise before its reply means it may have been ours."""
 
 
 @dataclass(slots=True)
@@ -141,6 +174,11 @@ class _PathState:
     """Probes sent and neither answered nor lost yet."""
     created_s: float = 0.0
     """When the path joined the plan (monotonic s): its first-contact grace runs from here."""
+
+    @property
+    def path_key(self) -> PathKey:
+        """(local NIC, peer node, peer NIC)."""
+        return self.path.local.nic, self.path.peer.node, self.path.peer.nic
 
 
 class Prober(SocketWorker):
@@ -169,6 +207,10 @@ class Prober(SocketWorker):
         self._suspended: set[PathKey] = set()
         """Paths suspended since their last wake-up (a hint read without the lock by `heard_from`)."""
         self._pending: dict[tuple[str, int], _Pending] = {}  # (NIC, seq), in send order
+        self._overdue: dict[tuple[str, int], _Pending] = {}  # past their timeout, not yet judged; in send order
+        self._answered_upto: dict[str, float] = {}  # peer node → newest send time of a probe it answered in time
+        self.stalls = StallMeter()
+        """When this prober's thread was held off (late wake-ups, replies read long after they came)."""
         self._tx_keys: dict[tuple[str, int], int] = {}  # (NIC, OPT_ID key) → seq
         self._recent: dict[str, collections.OrderedDict[int, bool]] = {nic: collections.OrderedDict() for nic in local}
         start = time.time_ns() // 1000  # a restarted prober does not reuse the sequence numbers it sent before
@@ -194,8 +236,10 @@ class Prober(SocketWorker):
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                wait_s = self.tick(self._monotonic())
-                self.poll(min(wait_s, 0.1))
+                wait_s = min(self.tick(self._monotonic()), 0.1)
+                started_ns = time.time_ns()
+                self.poll(wait_s)
+                self.stalls.note_wake(wait_s, started_ns, time.time_ns())
             except Exception:  # one bad turn must not end probing; pace the retries
                 _log.exception("prober %s: loop failed", self.node)
                 self._stopping.wait(0.5)
@@ -213,7 +257,8 @@ class Prober(SocketWorker):
         with self._lock:
             return [PathStatus(st.path, st.counters.sent, st.counters.received, st.counters.lost,
                                st.counters.lost_forward, st.counters.lost_reverse,
-                               not st.health.active(self._monotonic()), st.counters.unreached)
+                               not st.health.active(self._monotonic()), st.counters.unreached, st.counters.late,
+                               st.counters.unknown)
                     for st in self._states.values()]
 
     def unreached(self) -> int:
@@ -237,10 +282,12 @@ class Prober(SocketWorker):
                 st.health.wake(self._monotonic())
 
     def settle(self, timeout_s: float) -> bool:
-        """Send no more pairs and wait (up to ``timeout_s``) until every probe in flight is answered or lost.
+        """Send no more pairs and wait (up to ``timeout_s``) until every probe in flight is judged.
 
-        For a run that ends: its counts then add up (sent = received + lost), where a plain `stop` leaves the
-        probes of the last timeout window neither. True when nothing is left in flight.
+        For a run that ends: its counts then add up (sent = received + lost + unknown), where a plain `stop`
+        leaves the probes of the last timeout window neither; overdue probes still unjudged once the rest are are
+        judged now, as their peer's answers so far say (unknown where those do not tell). True when nothing is
+        left in flight.
         """
         with self._lock:
             self._quiescing = True
@@ -248,14 +295,18 @@ class Prober(SocketWorker):
         while True:
             with self._lock:
                 if not self._pending:
+                    self._judge_overdue(self._monotonic(), final=True)
                     return True
             if time.monotonic() >= deadline or self._stopping.wait(0.02):
                 return False
 
     def dropped(self) -> dict[DropReason, int]:
-        """Replies dropped (and probes that could not be sent) so far, by reason."""
+        """Replies dropped (and probes that could not be sent) so far, by reason (with those the kernel dropped
+        for want of socket buffer)."""
         with self._lock:
-            return dict(self._dropped)
+            out = dict(self._dropped)
+        out[DropReason.SOCKET_OVERFLOW] += sum(sock.overflowed for sock in list(self._sockets.values()))
+        return out
 
     # -- sending and expiry ----------------------------------------------------------------
 
@@ -265,7 +316,7 @@ class Prober(SocketWorker):
             return self._quiet_until_s - now_s  # woken by a reply: nothing is due yet
         # Take the replies already waiting before anything expires: on a loaded host this thread may not
         # run for seconds, and a probe answered in time is not lost because its answer was read late.
-        self.poll(0)
+        self._drain_all()
         sent_on: set[str] = set()
         with self._lock:
             if now_s >= self._next_plan_s:
@@ -283,6 +334,9 @@ class Prober(SocketWorker):
                 due = min(due, self._next_round_s)
             if self._pending:
                 due = min(due, next(iter(self._pending.values())).sent_s + self.settings.timeout_s)
+            if self._overdue:
+                due = min(due, next(iter(self._overdue.values())).sent_s + self.settings.timeout_s
+                          + self.settings.late_s)
             self._quiet_until_s = due
         for nic in sent_on:  # loopback and veth stamp within the send: take them now rather than on another wake-up
             self._take_tx_stamps(nic)
@@ -334,9 +388,11 @@ class Prober(SocketWorker):
         nic = st.path.local.nic
         st.counters.sent += 1
         st.outstanding += 1
+        sock = self._sockets.get(nic)
         self._pending[(nic, probe.seq)] = _Pending((nic, st.path.peer.node, st.path.peer.nic), st.next_index,
                                                    probe.pair_id, probe.pair_index, probe.cookie, t1_ns,
-                                                   TimestampKind.USER, now_s, before_ns)
+                                                   TimestampKind.USER, now_s, before_ns,
+                                                   sock.overflowed if sock is not None else 0)
         st.next_index += 1
         if key >= 0:
             self._tx_keys[(nic, key)] = probe.seq
@@ -344,23 +400,22 @@ class Prober(SocketWorker):
     def _expire(self, now_s: float) -> None:
         timeout = self.settings.timeout_s
         while self._pending:
-            (nic, seq), p = next(iter(self._pending.items()))
+            key, p = next(iter(self._pending.items()))
             if now_s - p.sent_s < timeout:
                 break
-            del self._pending[(nic, seq)]
-            self._remember(nic, seq, done=False)
+            del self._pending[key]
             st = self._states.get(p.path)
-            if st is not None:
-                st.outstanding = max(0, st.outstanding - 1)
-                if not st.health.heard and now_s - st.created_s < self.settings.first_contact_s:
-                    st.counters.unreached += 1  # no reply yet, ever: a peer still starting, not a path losing
-                    self._unreached += 1
-                    continue
-                st.counters.on_lost(now_s)
-                if st.health.on_loss(now_s, self._rng):
-                    self._suspended.add(p.path)
-                    _log.info("prober %s: path %s → %s suspended for %.0f s after repeated losses", self.node,
-                              st.path.local, st.path.peer, st.health.suspended_until_s - now_s)
+            if st is None:
+                self._remember(*key, done=False)
+            elif not st.health.heard and now_s - st.created_s < self.settings.first_contact_s:
+                self._settled(key, st)
+                st.counters.unreached += 1  # no reply yet, ever: a peer still starting, not a path losing
+                self._unreached += 1
+            elif self._answered_later(p):  # the peer answered a later probe in time: this one went missing
+                self._judge(key, p, st, now_s)
+            else:
+                self._overdue[key] = p  # the peer has said nothing since: it may be stalled, not the path
+        self._judge_overdue(now_s)
         if self._tx_keys and len(self._tx_keys) > 2 * len(self._pending) + 64:
             live = {(nic, seq) for nic, seq in self._pending}
             self._tx_keys = {k: seq for k, seq in self._tx_keys.items() if (k[0], seq) in live}
@@ -369,6 +424,48 @@ class Prober(SocketWorker):
             for st in self._states.values():
                 st.counters.settle(now_s, grace)
             self._next_settle_s = now_s + _SETTLE_EVERY_S
+
+    def _judge_overdue(self, now_s: float, *, final: bool = False) -> None:
+        """Judge the overdue probes whose peer has since answered a later round in time, or whose ``late_s`` ran
+        out (all, when ``final``)."""
+        horizon = self.settings.timeout_s + self.settings.late_s
+        for key, p in list(self._overdue.items()):
+            if not (final or now_s - p.sent_s >= horizon or self._answered_later(p)):
+                continue
+            del self._overdue[key]
+            st = self._states.get(p.path)
+            if st is None:
+                self._remember(*key, done=False)
+            else:
+                self._judge(key, p, st, now_s)
+
+    def _judge(self, key: tuple[str, int], p: _Pending, st: _PathState, now_s: float) -> None:
+        """An unanswered probe's verdict: lost when its peer was answering and our socket dropped nothing since it
+        was sent; else unknown (the peer silent throughout: starved, frozen or cut off, this prober cannot tell)."""
+        sock = self._sockets.get(key[0])
+        if self._answered_later(p) and (sock is None or sock.overflowed <= p.overflowed):
+            self._lost(key, st, now_s)
+        else:
+            self._settled(key, st)
+            st.counters.unknown += 1
+
+    def _answered_later(self, p: _Pending) -> bool:
+        """Whether the peer answered in time a probe of a later round (over any rail): its responder answers in
+        the order probes arrive, so it was running, and ``p`` never reached it or its reply was lost."""
+        return self._answered_upto.get(p.path[1], -math.inf) > p.sent_s
+
+    def _lost(self, key: tuple[str, int], st: _PathState, now_s: float) -> None:
+        self._settled(key, st)
+        st.counters.on_lost(now_s)
+        if st.health.on_loss(now_s, self._rng):
+            self._suspended.add(st.path_key)
+            _log.info("prober %s: path %s → %s suspended for %.0f s after repeated losses", self.node,
+                      st.path.local, st.path.peer, st.health.suspended_until_s - now_s)
+
+    def _settled(self, key: tuple[str, int], st: _PathState) -> None:
+        """A probe whose fate is decided without its reply: no longer outstanding, a reply to it is late."""
+        self._remember(*key, done=False)
+        st.outstanding = max(0, st.outstanding - 1)
 
     def _remember(self, nic: str, seq: int, *, done: bool) -> None:
         recent = self._recent[nic]
@@ -394,6 +491,13 @@ class Prober(SocketWorker):
             if events & select.POLLIN:
                 self._drain(nic)
 
+    def _drain_all(self) -> None:
+        """Read every socket until it is empty (bounded): what waits there is judged before any probe expires."""
+        for nic in list(self._sockets):
+            for _ in range(_DRAIN_ROUNDS):
+                if not self._drain(nic):
+                    break
+
     def _take_tx_stamps(self, nic: str) -> None:
         try:
             stamps = self._sockets[nic].tx_stamps()
@@ -408,8 +512,11 @@ class Prober(SocketWorker):
                     p.t1_ns, p.t1_kind = self._time.to_local(stamp.true_ns), stamp.kind
                     self.tx_stamped += 1
 
-    def _drain(self, nic: str) -> None:
-        sock = self._sockets[nic]
+    def _drain(self, nic: str) -> bool:
+        """Read up to one batch from ``nic``'s socket; True when the batch was full (more may wait)."""
+        sock = self._sockets.get(nic)
+        if sock is None:
+            return False
         for _ in range(256):  # bounded, so that a flood cannot keep the prober from sending
             try:
                 received = sock.recv()
@@ -417,7 +524,8 @@ class Prober(SocketWorker):
                 _log.debug("prober %s: receive on %s failed: %s", self.node, nic, exc)
                 continue
             if received is None:
-                return
+                return False
+            self.stalls.note_read(received.rx_true_ns, received.read_ns)
             try:
                 sample = self.handle_reply(nic, received)
             except Exception:  # a bug here must cost one packet, not the prober
@@ -426,8 +534,9 @@ class Prober(SocketWorker):
             if isinstance(sample, DropReason):
                 with self._lock:
                     self._dropped[sample] += 1
-            else:
+            elif sample is not None:
                 self._emit(sample)
+        return True
 
     def _emit(self, sample: ProbeSample) -> None:
         try:
@@ -435,8 +544,9 @@ class Prober(SocketWorker):
         except Exception:  # the consumer's bug must not stop probing
             _log.exception("prober %s: sample consumer failed", self.node)
 
-    def handle_reply(self, nic: str, received: Received) -> ProbeSample | DropReason:
-        """Match one datagram that reached ``nic``'s socket: the sample it completes, or why it was dropped."""
+    def handle_reply(self, nic: str, received: Received) -> ProbeSample | DropReason | None:
+        """Match one datagram that reached ``nic``'s socket: the sample it completes, None for a reply that
+        judges its probe without a sample (late, or too slow on the network), or why it was dropped."""
         try:
             reply = decode(received.payload)
         except WireError as exc:
@@ -444,7 +554,8 @@ class Prober(SocketWorker):
         if not isinstance(reply, Reply):
             return DropReason.UNEXPECTED_TYPE
         with self._lock:
-            p = self._pending.get((nic, reply.seq))
+            key = (nic, reply.seq)
+            p = self._pending.get(key) or self._overdue.get(key)
             if p is None:
                 fate = self._recent[nic].get(reply.seq)
                 return DropReason.UNKNOWN_SEQ if fate is None else DropReason.REPLAYED if fate else DropReason.LATE
@@ -452,13 +563,26 @@ class Prober(SocketWorker):
                 return DropReason.BAD_COOKIE
             st = self._states.get(p.path)
             if st is None:
-                del self._pending[(nic, reply.seq)]
+                self._pending.pop(key, None) or self._overdue.pop(key, None)
                 return DropReason.UNKNOWN_SEQ  # the path was dropped from the plan meanwhile
             t4_ns = self._time.to_local(received.rx_true_ns)
             reason = self._check(st.path, p, reply, received, t4_ns)
             if reason is not None:
                 return reason
-            del self._pending[(nic, reply.seq)]
+            self._pending.pop(key, None) or self._overdue.pop(key, None)
+            timeout_ns = self.settings.timeout_s * 1e9
+            if t4_ns - p.t1_ns > timeout_ns:  # came after the timeout: the peer's stall, or the network's delay
+                if t4_ns - p.t1_ns - (reply.t3_ns - reply.t2_ns) > timeout_ns:
+                    self._lost(key, st, self._monotonic())
+                    return None
+                self._remember(nic, reply.seq, done=True)
+                st.outstanding = max(0, st.outstanding - 1)
+                st.counters.on_late()
+                st.health.on_reply()
+                return None
+            self._answered_upto[p.path[1]] = max(self._answered_upto.get(p.path[1], -math.inf), p.sent_s)
+            if self._overdue:
+                self._quiet_until_s = float("-inf")  # overdue probes this answer judges: at the next tick
             self._remember(nic, reply.seq, done=True)
             st.outstanding = max(0, st.outstanding - 1)
             st.counters.on_reply(p.index, reply.rx_count, reply.epoch)
@@ -477,6 +601,8 @@ class Prober(SocketWorker):
         if reply.t2_ns < p.t1_ns - skew_ns:
             return DropReason.PAST
         turnaround_ns = reply.t3_ns - reply.t2_ns
-        if t4_ns - p.t1_ns < turnaround_ns or turnaround_ns > self.settings.timeout_s * 1e9:
+        # The turnaround is on the peer's clock, the round trip on ours: over a responder's stall of seconds the
+        # two clocks' rates (tens of ppm apart) make a turnaround read longer than the round trip around it.
+        if t4_ns - p.t1_ns < turnaround_ns - _RATE_SLACK * turnaround_ns - _STAMP_SLACK_NS:
             return DropReason.INCONSISTENT
         return None

@@ -23,6 +23,7 @@ onto the host's clock with `HostTime.to_local` (the lab bends each host's clock 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import struct
@@ -59,6 +60,13 @@ HARDWARE_FLAGS = (SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_TX_HARDWARE | 
 IP_RECVERR = 11
 IPV6_RECVERR = 25
 SO_EE_ORIGIN_TIMESTAMPING = 4
+SO_RCVBUFFORCE = 33
+SO_RXQ_OVFL = 40
+"""Asks for a cmsg with the socket's count of datagrams dropped for want of buffer space (Linux)."""
+RCVBUF_BYTES = 4 << 20
+"""Receive buffer asked for: a thread starved for seconds finds its datagrams queued, not dropped (at 1-2 KiB of
+kernel memory a datagram, a few thousand fit)."""
+_U32 = struct.Struct("=I")
 SCM_TSTAMP_SND = 0
 _EXTENDED_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err, before the offender address
 _TIMESPEC3 = struct.Struct("=6q")  # struct scm_timestamping (64-bit time_t): software, legacy, raw hardware
@@ -75,6 +83,8 @@ class Received:
     addr: tuple[str, int]
     rx_true_ns: int
     kind: TimestampKind
+    read_ns: int = 0
+    """When the thread read it (wall clock, ns): against ``rx_true_ns``, how long it waited in the socket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +137,9 @@ class ProbeSocket:
         """Whether sends are stamped into the error queue (the driver may still not deliver them)."""
         self._flags = flags
         self._next_key = 0
+        self.overflowed = 0
+        """Datagrams the kernel dropped so far because this socket's buffer was full (``SO_RXQ_OVFL``; 0 where
+        the kernel does not say)."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -160,10 +173,14 @@ class ProbeSocket:
             data, ancillary, _, addr = self.sock.recvmsg(PACKET_BYTES + 1, _ANCILLARY_BYTES)
         except (BlockingIOError, InterruptedError):
             return None
+        read_ns = time.time_ns()
         stamp = parse_rx_cmsgs(ancillary)
         if stamp is None:
-            stamp = time.time_ns(), TimestampKind.USER
-        return Received(data, (str(addr[0]), int(addr[1])), *stamp)
+            stamp = read_ns, TimestampKind.USER
+        dropped = parse_overflow(ancillary)
+        if dropped is not None:
+            self.overflowed = dropped
+        return Received(data, (str(addr[0]), int(addr[1])), *stamp, read_ns=read_ns)
 
     def tx_stamps(self) -> list[TxStamp]:
         """Every send stamp waiting in the error queue."""
@@ -209,10 +226,23 @@ def open_probe_socket(bind_addr: str, port: int, *, want_tx_timestamps: bool = T
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
         sock.bind((bind_addr, port))
         sock.setblocking(False)
+        _buffer_and_overflow(sock)
         return _with_timestamps(sock, want_tx_timestamps, want_hardware)
     except BaseException:
         sock.close()
         raise
+
+
+def _buffer_and_overflow(sock: socket.socket) -> None:
+    """A receive buffer of `RCVBUF_BYTES` (forced past ``rmem_max`` where allowed) and drop counts in cmsgs."""
+    for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):  # FORCE needs CAP_NET_ADMIN; RCVBUF is capped at rmem_max
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, RCVBUF_BYTES)
+            break
+        except OSError:
+            continue
+    with contextlib.suppress(OSError):  # without it the drops go uncounted, and nothing else changes
+        sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
 
 
 def _with_timestamps(sock: socket.socket, want_tx: bool, want_hardware: bool) -> ProbeSocket:
@@ -253,6 +283,16 @@ def parse_rx_cmsgs(ancillary: Iterable[tuple[int, int, bytes]]) -> tuple[int, Ti
 # ee_info=SCM_TSTAMP_SND (0), ee_data=OPT_ID key (0)} + a zeroed sockaddr_in):
 #   [(1, 37, b'\x1e\x1a\rk\x00\x00\x00\x00\xa4\x9ew\x02\x00\x00\x00\x00' + b'\x00' * 32),
 #    (0, 11, b'*\x00\x00\x00\x04' + b'\x00' * 27)]
+# The drop count cmsg on the same socket (level SOL_SOCKET=1, type SO_RXQ_OVFL=40, a native-endian u32):
+#   [(1, 40, b'\x03\x00\x00\x00')]
+def parse_overflow(ancillary: Iterable[tuple[int, int, bytes]]) -> int | None:
+    """The socket's cumulative count of datagrams dropped for want of buffer, if a cmsg carries it."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= _U32.size:
+            return int(_U32.unpack_from(data)[0])
+    return None
+
+
 def parse_errqueue(ancillary: Iterable[tuple[int, int, bytes]]) -> TxStamp | None:
     """The send stamp in one error-queue message, or None if it holds none (or another event)."""
     stamp: tuple[int, TimestampKind] | None = None

@@ -20,11 +20,19 @@ from pathlib import Path
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PARENT = "ridethrough-lab"
 PERIOD_US = 100_000
+STARVE_PERIOD_US = 1_000_000
+"""The longest CFS period: a starved host's quota comes once a second."""
 SERVER_SHARES = 4096
 """The server's ``cpu.shares``: as many as four hosts' (1024 each). It stands for machines of its own; in one
 cgroup with the supervisor it weighed as much as one host, and with every host of the demo busy (a load of 25
 on two cores) a batch insert took 1.5 s and a link_down query 3.3 s (0.1 s on a quiet machine). At 8192 the
 hosts' probers starved instead."""
+
+JOB_SHARES = 256
+"""A host's jobs' ``cpu.shares`` beside its agent's threads (1024 each): the agent measures the fabric for the job,
+and a probe answered late because the job's data loaders held the CPU reads as a network fault. As a production
+agent gets its CPU through its systemd unit's ``CPUWeight`` or a Guaranteed pod, the lab's gets it here; the job
+still has every cycle the agent leaves."""
 
 
 def available(root: Path = CPU_ROOT) -> bool:
@@ -111,10 +119,12 @@ def _remove_once(path: Path) -> tuple[list[str], bool]:
     return failed, busy
 
 
-def set_cpu_fraction(path: Path, fraction: float | None) -> None:
-    """Cap a cgroup to ``fraction`` of one CPU (None: no cap)."""
-    (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-    quota = -1 if fraction is None else max(1000, round(fraction * PERIOD_US))
+def set_cpu_fraction(path: Path, fraction: float | None, *, period_us: int = PERIOD_US) -> None:
+    """Cap a cgroup to ``fraction`` of one CPU in each ``period_us`` (None: no cap)."""
+    if fraction is None:  # lift the quota first: the kernel refuses a period that leaves a child's quota above it
+        (path / "cpu.cfs_quota_us").write_text("-1")
+    (path / "cpu.cfs_period_us").write_text(str(period_us))
+    quota = -1 if fraction is None else max(1000, round(fraction * period_us))
     (path / "cpu.cfs_quota_us").write_text(str(quota))
 
 

@@ -328,6 +328,21 @@ class LabBase:
         cgroups.set_cpu_fraction(jobs, cpu_fraction)
         self._fault(f"host:{host}/straggle", f"cpu {cpu_fraction:g}")
 
+    def starve(self, host: str, *, cpu_fraction: float | None) -> None:
+        """Cap the whole host (its agent and its jobs) to ``cpu_fraction`` of one CPU; None lifts the cap.
+
+        A host whose CPUs something else saturates: its agent runs late, its links are fine. The quota is
+        granted per second (the kernel's longest period), so the host runs in bursts with up to a second
+        between them, and a few percent leaves its agent falling seconds behind.
+        """
+        if cpu_fraction is not None and not 0 < cpu_fraction < 1:
+            raise LabError(f"cpu_fraction must be between 0 and 1, got {cpu_fraction}")
+        group = self._node_cgroup(host, job=False)
+        if group is None:
+            raise LabError(f"lab {self.name}: starve needs cgroups (cgroup v1 cpu, as root); this lab has none")
+        cgroups.set_cpu_fraction(group, cpu_fraction, period_us=cgroups.STARVE_PERIOD_US)
+        self._fault(f"host:{host}/starve", None if cpu_fraction is None else f"cpu {cpu_fraction:g}")
+
     def unstraggle(self, host: str) -> None:
         """Remove the CPU cap."""
         jobs = self._node_cgroup(host, job=True)

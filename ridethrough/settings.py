@@ -223,7 +223,11 @@ class AgentConfig:
     probe_pair_gap_us: float = field(default=20.0, metadata=_help(
         "Gap between the two probes of a coded pair, in microseconds.", min=1.0))
     probe_timeout_s: float = field(default=1.0, metadata=_help(
-        "Wait for a reply before a probe counts as lost, in seconds.", min=0.01))
+        "Wait for a reply before a probe counts as lost (or, if the peer was stalled, late), in seconds.",
+        min=0.01))
+    probe_late_s: float = field(default=10.0, metadata=_help(
+        "How long past its timeout a probe whose peer has answered nothing since may still be answered late "
+        "(a stalled peer) before it is judged, in seconds.", min=0.0))
     max_series: int = field(default=100_000, metadata=_help(
         "Most distinct attribute combinations the agent keeps; new ones beyond are dropped and counted.",
         min=1))

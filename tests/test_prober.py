@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import random
+import select
 import socket
 import sys
 import time
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from ridethrough.collector.clock import ClockScript, ScriptedClock
 from ridethrough.collector.probe_responder import Responder
 from ridethrough.collector.probe_sample import ProbeSample, TimestampKind
+from ridethrough.collector.probe_stall import StallMeter
 from ridethrough.collector.probe_wire import (
     DropReason,
     Endpoint,
@@ -28,7 +30,7 @@ from ridethrough.collector.probe_wire import (
     encode,
     reply_to,
 )
-from ridethrough.collector.prober import Prober, ProberSettings
+from ridethrough.collector.prober import PathStatus, Prober, ProberSettings
 from ridethrough.collector.timestamps import (
     SO_TIMESTAMPING,
     SO_TIMESTAMPNS,
@@ -381,12 +383,12 @@ def test_the_prober_drops_spoofed_replayed_and_impossible_replies() -> None:
         dropped = prober.dropped()
         assert {r: dropped[r] for r in replies} == dict.fromkeys(replies, 1)
         assert samples[0].seq == first.seq and samples[0].pair_index == 0
-        mono.now += 6.0
-        prober.tick(mono.now)  # the second probe times out
+        mono.now += 16.0
+        prober.tick(mono.now)  # the second probe is judged: no later round answered by the end of late_s
         peer.reply(second, to)
         wait_for(lambda: pump(prober) and prober.dropped()[DropReason.LATE] == 1, timeout_s=5, what="late")
         status = prober.paths()[0]
-        assert (status.sent, status.received, status.lost) == (4, 1, 1)  # and a new round went out
+        assert (status.sent, status.received, status.lost, status.unknown) == (4, 1, 0, 1)  # a new round went out
     finally:
         stranger.close()
         prober.close()
@@ -396,7 +398,9 @@ def test_the_prober_drops_spoofed_replayed_and_impossible_replies() -> None:
 @pytest.mark.skipif(not LINUX, reason="kernel timestamps are Linux's")
 def test_answers_waiting_while_the_prober_was_stalled_are_received_not_lost() -> None:
     """The prober's thread did not run for 6 s (a starved host); both probes were answered at once, and the
-    answers waited in its socket: they are received. A reply sent after the expiry is late, the control."""
+    answers waited in its socket: they are received. The control: of a later pair the peer answers one in time
+    (by the kernel's stamps) only after the prober stopped waiting; the other, of the same round, waits for a
+    later round's answer, or for the end of ``late_s``: unknown then, as the peer said nothing since."""
     peer, samples, mono = ScriptedPeer(), [], FakeMono()
     prober = Prober(node="a", local={"nic0": "127.0.0.13"}, peers={"b": {"nic0": peer.address}},
                     on_sample=samples.append, settings=ProberSettings(interval_s=1.0, timeout_s=5.0), monotonic=mono)
@@ -414,10 +418,17 @@ def test_answers_waiting_while_the_prober_was_stalled_are_received_not_lost() ->
         assert (status.received, status.lost, len(samples)) == (2, 0, 2)
         (third, _), _ = peer.probe(), peer.probe()
         mono.now += 6.0
-        prober.tick(mono.now)  # the second round expires unanswered
+        prober.tick(mono.now)  # the second round is overdue: the peer has answered nothing sent since
+        assert (prober.paths()[0].lost, prober.paths()[0].unknown) == (0, 0)
         peer.reply(third, to)
-        wait_for(lambda: pump(prober) and prober.dropped()[DropReason.LATE] == 1, timeout_s=5, what="late")
-        assert prober.paths()[0].lost == 2
+        wait_for(lambda: pump(prober) and prober.paths()[0].received == 3, timeout_s=5, what="the third reply")
+        prober.tick(mono.now)
+        status = prober.paths()[0]
+        assert (status.received, status.late, status.lost, status.unknown) == (3, 0, 0, 0)
+        mono.now += 10.0
+        prober.tick(mono.now)
+        status = prober.paths()[0]
+        assert (status.received, status.late, status.lost, status.unknown) == (3, 0, 0, 1)
     finally:
         prober.close()
         peer.sock.close()
@@ -433,55 +444,77 @@ def _rest(p: Probe) -> tuple[object, ...]:
     return p.pair_id, p.pair_index, p.cookie, p.t1_ns, p.tx_kind, p.src, p.dst
 
 
-def test_a_silent_peer_is_suspended_then_retried_with_backoff_until_it_answers() -> None:
-    port, mono, samples = free_port("127.0.0.22"), FakeMono(), []
-    settings = ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=4, backoff_min_s=5.0,
-                              backoff_max_s=60.0, first_contact_s=0.0)
-    prober = Prober(node="a", local={"nic0": "127.0.0.21"}, peers={"b": {"nic0": ("127.0.0.22", port)}},
-                    on_sample=samples.append, settings=settings, monotonic=mono, rng=random.Random(5))
-    prober.open()
+def test_a_silent_path_is_suspended_then_retried_with_backoff_until_it_answers() -> None:
+    samples: list[ProbeSample] = []
+    run = Stepped("127.0.0.21", "127.0.0.22", ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=4,
+                                                             backoff_min_s=5.0, backoff_max_s=60.0,
+                                                             first_contact_s=0.0, late_s=0.0),
+                  5, witness=("127.0.0.23", "127.0.0.24"), samples=samples)
+    mono, port, path = run.mono, run.port, run.path
 
     def run_until(done: Callable[[], bool], limit_s: float) -> float:
         """Step fake time until ``done()``; the time it took."""
         start = mono.now
         while not done():
             assert mono.now - start < limit_s, f"not done after {limit_s} s"
-            mono.now += 0.02
-            prober.tick(mono.now)
-            prober.poll(0.002)
+            run.step(0.02)
         return mono.now - start
 
     def sent() -> int:
-        return prober.paths()[0].sent
+        return path().sent
 
     try:
-        prober.tick(mono.now)  # plans the path
-        run_until(lambda: prober.paths()[0].suspended, 4.0)  # rounds every ~0.5 s, 4 losses after ~2.5 s
+        run_until(lambda: path().suspended, 4.0)  # rounds every ~0.5 s, 4 losses after ~2.5 s
         before = sent()
-        assert prober.paths()[0].lost >= 4
+        assert path().lost >= 4
         assert 4.0 <= run_until(lambda: sent() > before, 7.0) <= 6.1  # 5 s ± 20 %, then one retry pair
         assert sent() == before + 2
-        assert 0.9 <= run_until(lambda: prober.paths()[0].suspended, 3.0) <= 1.1  # it is lost: suspended again
+        assert 0.9 <= run_until(lambda: path().suspended, 3.0) <= 1.1  # it is lost: suspended again
         assert sent() == before + 2
         responder = Responder(node="b", listen={"nic0": ("127.0.0.22", port)})
         responder.start()
         try:
             assert 8.0 <= run_until(lambda: sent() > before + 2, 13.0) <= 12.1  # twice as long: 10 s ± 20 %
-            run_until(lambda: bool(samples) and not prober.paths()[0].suspended, 2.0)
+            run_until(lambda: any(x.src_nic == "nic0" for x in samples) and not path().suspended, 2.0)
             run_until(lambda: sent() > before + 8, 3.0)  # probing as before
         finally:
             responder.stop(timeout_s=2.0)
     finally:
-        prober.close()
+        run.close()
+
+
+def test_a_peer_silent_on_every_path_is_unknown_not_lost() -> None:
+    """Nothing from b at all (starved, frozen, or every rail cut: this prober cannot tell): its probes are unknown,
+    not lost, and its path is not suspended; the controller judges with b's own account of its stalls."""
+    run = Stepped("127.0.0.25", "127.0.0.26", ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=2,
+                                                             first_contact_s=0.0, late_s=2.0), 6)
+    try:
+        run.step(8.0)
+        status = run.path()
+        assert status.unknown >= 8 and status.lost == 0 and not status.suspended, status
+    finally:
+        run.close()
 
 
 class Stepped:
-    """A prober of node a on ``mine`` probing b's NIC at ``theirs`` (nobody answering yet), on fake time."""
+    """A prober of node a on ``mine`` probing b's NIC at ``theirs`` (nobody answering yet), on fake time.
 
-    def __init__(self, mine: str, theirs: str, settings: ProberSettings, seed: int) -> None:
+    b answers all along on its other NIC (``witness``: our NIC's address, then b's), as a live host does over
+    the rails that still work: so b's silence on nic0 is that path's, and its probes there are judged lost.
+    """
+
+    def __init__(self, mine: str, theirs: str, settings: ProberSettings, seed: int,
+                 witness: tuple[str, str] | None = None, samples: list[ProbeSample] | None = None) -> None:
         self.port, self.mono = free_port(theirs), FakeMono()
-        self.prober = Prober(node="a", local={"nic0": mine}, peers={"b": {"nic0": (theirs, self.port)}},
-                             on_sample=lambda _: None, settings=settings, monotonic=self.mono, rng=random.Random(seed))
+        local, peer = {"nic0": mine}, {"nic0": (theirs, self.port)}
+        self.witness = None
+        if witness is not None:
+            self.witness = Responder(node="b", listen={"nic1": (witness[1], 0)})
+            self.witness.start()
+            local["nic1"], peer["nic1"] = witness[0], self.witness.addresses["nic1"]
+        self.prober = Prober(node="a", local=local, peers={"b": peer},
+                             on_sample=(samples.append if samples is not None else lambda _: None),
+                             settings=settings, monotonic=self.mono, rng=random.Random(seed))
         self.prober.open()
         self.prober.tick(self.mono.now)
 
@@ -492,74 +525,86 @@ class Stepped:
             self.prober.tick(self.mono.now)
             self.prober.poll(0.002)
 
+    def path(self) -> PathStatus:
+        """The path under test: our nic0 to b's."""
+        return next(s for s in self.prober.paths() if s.path.local.nic == "nic0")
+
+    def close(self) -> None:
+        self.prober.close()
+        if self.witness is not None:
+            self.witness.stop(timeout_s=2.0)
+
 
 def test_a_peer_not_answered_yet_is_unreached_not_lost_until_its_first_contact_grace_ends() -> None:
     # An agent starting seconds after its peers: their probes to it before then are not link loss.
     run = Stepped("127.0.0.31", "127.0.0.32",
-                  ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=4, first_contact_s=10.0), 7)
-    prober, step = run.prober, run.step
+                  ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=4, first_contact_s=10.0,
+                                 late_s=0.0), 7, witness=("127.0.0.37", "127.0.0.38"))
+    step = run.step
     try:
         step(4.0)
-        status = prober.paths()[0]
+        status = run.path()
         assert status.unreached >= 4 and status.lost == 0 and not status.suspended, status
         responder = Responder(node="b", listen={"nic0": ("127.0.0.32", run.port)})
         responder.start()
         try:
-            wait_for(lambda: step(0.1) is None and prober.paths()[0].received > 0, timeout_s=5, what="a first reply")
+            wait_for(lambda: step(0.1) is None and run.path().received > 0, timeout_s=5, what="a first reply")
         finally:
             responder.stop(timeout_s=2.0)
-        unreached = prober.paths()[0].unreached
+        unreached = run.path().unreached
         step(4.0)  # answered once, well within the grace: from now on silence is loss
-        status = prober.paths()[0]
+        status = run.path()
         assert status.lost >= 4 and status.suspended and status.unreached == unreached, status
     finally:
-        prober.close()
+        run.close()
 
 
 def test_a_peer_never_answered_loses_probes_once_the_grace_is_over() -> None:
     run = Stepped("127.0.0.33", "127.0.0.34",
-                  ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=100, first_contact_s=3.0), 8)
+                  ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=100, first_contact_s=3.0,
+                                 late_s=0.0), 8, witness=("127.0.0.39", "127.0.0.40"))
     prober = run.prober
     try:
         run.step(8.0)
-        status = prober.paths()[0]
+        status = run.path()
         # sent in the first 2 s timed out within the grace; every later one is lost (a black hole from the start)
         assert 6 <= status.unreached <= 10 and status.lost >= 16, status  # a pair per ~0.5 s round
         assert status.sent == status.unreached + status.lost + prober._states[("nic0", "b", "nic0")].outstanding
         assert prober.unreached() == status.unreached  # the node's total, exported as ridethrough.probe.unreached
     finally:
-        prober.close()
+        run.close()
 
 
 def test_a_peer_probing_us_again_ends_our_suspension_of_its_paths_at_once() -> None:
-    # A host back from a long freeze: our backoff to it has grown; its own probes say it is up now.
+    # A path back after a long outage: our backoff on it has grown; the peer's own probes over it say it is up now.
     run = Stepped("127.0.0.35", "127.0.0.36", ProberSettings(interval_s=0.5, timeout_s=1.0, losses_to_suspend=2,
                                                              backoff_min_s=200.0, backoff_max_s=300.0,
-                                                             first_contact_s=0.0), 9)
+                                                             first_contact_s=0.0, late_s=0.0), 9,
+                  witness=("127.0.0.47", "127.0.0.48"))
     prober, step, mono, port = run.prober, run.step, run.mono, run.port
     ours = Responder(node="a", listen={"nic0": ("127.0.0.35", 0)}, on_probe=prober.heard_from)  # a's responder
     theirs = Responder(node="b", listen={"nic0": ("127.0.0.36", port)})
     ours.start()
     try:
         step(3.0)
-        assert prober.paths()[0].suspended
+        assert run.path().suspended
         prober.heard_from("nic0", "c", "nic0")  # another node: nothing changes
         theirs.start()  # b is back, but our backoff would wait 200 s
         step(2.0)
-        assert prober.paths()[0].suspended
+        assert run.path().suspended
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b_prober:  # b's own probe reaches a's responder
             b_prober.bind(("127.0.0.36", 0))
             b_prober.sendto(probe_bytes(1, src=Endpoint("b", "nic0"), dst=Endpoint("a", "nic0")),
                             ours.addresses["nic0"])
             wait_for(lambda: ours.answered()["nic0"] == 1, timeout_s=5, what="a answering b")
         woken = mono.now
-        wait_for(lambda: step(0.1) is None and not prober.paths()[0].suspended and prober.paths()[0].received > 0,
+        wait_for(lambda: step(0.1) is None and not run.path().suspended and run.path().received > 0,
                  timeout_s=10, what="the path probed and answered again")
         assert mono.now - woken < 5.0, "retried at the next round, not after its 200 s backoff"
     finally:
         theirs.stop(timeout_s=2.0)
         ours.stop(timeout_s=2.0)
-        prober.close()
+        run.close()
 
 
 def test_first_contact_grace_must_not_be_negative() -> None:
@@ -574,3 +619,93 @@ def test_paths_follow_the_peer_table() -> None:
         wait_for(lambda: len(prober.paths()) == 1, timeout_s=5, what="one path left")
         prober.set_peers({})
         wait_for(lambda: prober.paths() == [], timeout_s=5, what="no paths")
+
+
+class Judged:
+    """A prober of node a probing b (a scripted peer) with a short real timeout, one round only, stepped by hand."""
+
+    def __init__(self, mine: str, theirs: str, interval_s: float = 100.0) -> None:
+        self.peer, self.mono = ScriptedPeer(theirs), FakeMono()
+        self.prober = Prober(node="a", local={"nic0": mine}, peers={"b": {"nic0": self.peer.address}},
+                             on_sample=lambda _: None, monotonic=self.mono,
+                             settings=ProberSettings(interval_s=interval_s, timeout_s=0.3, late_s=5.0,
+                                                     first_contact_s=0.0))
+        self.prober.open()
+        (self.first, self.to), (self.second, _) = self.next_round()
+
+    def next_round(self) -> tuple[tuple[Probe, tuple[str, int]], tuple[Probe, tuple[str, int]]]:
+        """Step fake time until the prober sends a round: its pair."""
+        while not select.select([self.peer.sock], [], [], 0.01)[0]:
+            self.mono.now += 0.1
+            self.prober.tick(self.mono.now)
+        return self.peer.probe(), self.peer.probe()
+
+    def step(self, seconds: float) -> None:
+        self.mono.now += seconds
+        pump(self.prober)
+        self.prober.tick(self.mono.now)
+
+    def counts(self) -> tuple[int, int, int, int]:
+        s = self.prober.paths()[0]
+        return s.received, s.late, s.lost, s.unknown
+
+    def close(self) -> None:
+        self.prober.close()
+        self.peer.sock.close()
+
+
+def test_a_reply_held_by_a_stalled_responder_is_late_and_its_unanswered_twin_unknown() -> None:
+    """The peer's responder ran 0.5 s late (a starved agent): it answered the first probe after our 0.3 s timeout,
+    its turnaround (t3 - t2) saying it held it; the second probe's reply never came. Neither is charged to the
+    path: late, and unknown (no later round answered to show the responder running)."""
+    j = Judged("127.0.0.41", "127.0.0.42")
+    try:
+        j.step(0.4)  # past the timeout: the peer has answered nothing since, so both are overdue, not lost
+        assert j.counts() == (0, 0, 0, 0)
+        time.sleep(0.5)
+        j.peer.reply(j.first, j.to, t2_ns=j.first.t1_ns + 50_000, t3_ns=time.time_ns())
+        wait_for(lambda: pump(j.prober) and j.counts()[1] == 1, timeout_s=5, what="the late reply")
+        j.step(6.0)  # late_s is over for the second
+        assert j.counts() == (1, 1, 0, 1)
+    finally:
+        j.close()
+
+
+def test_probes_unanswered_while_their_peer_answers_a_later_round_in_time_are_lost() -> None:
+    """The peer answers in the order probes reached it: a later round's answer in time says the responder was
+    running, so the earlier, unanswered ones were lost on the way (not queued behind a stall)."""
+    j = Judged("127.0.0.43", "127.0.0.44", interval_s=1.0)
+    try:
+        j.step(0.4)  # the first round overdue: nothing answered yet
+        (third, to), _ = j.next_round()
+        j.peer.reply(third, to)
+        wait_for(lambda: pump(j.prober) and j.counts()[0] == 1, timeout_s=5, what="the reply")
+        j.step(0.0)
+        assert j.counts() == (1, 0, 2, 0), "the first round lost; the fourth probe, of the answered round, waits"
+    finally:
+        j.close()
+
+
+def test_a_reply_slow_on_the_network_is_lost_and_its_twin_unanswered_since_unknown() -> None:
+    """A reply whose round trip less the responder's turnaround exceeds the timeout was slowed by the network:
+    lost. Its twin, unanswered by a peer that answered nothing later, is unknown once ``late_s`` is over."""
+    j = Judged("127.0.0.45", "127.0.0.46")
+    try:
+        j.step(0.4)
+        time.sleep(0.5)
+        j.peer.reply(j.first, j.to)  # t2 and t3 now: turned round at once, 0.5 s on the wire
+        wait_for(lambda: pump(j.prober) and j.counts()[2] == 1, timeout_s=5, what="the slow reply")
+        j.step(6.0)
+        assert j.counts() == (0, 0, 1, 1)
+    finally:
+        j.close()
+
+
+def test_stalls_add_up_as_the_union_of_late_intervals() -> None:
+    meter = StallMeter(min_gap_s=0.05)
+    meter.note_wake(0.1, 0, 1_100_000_000)  # asked for 0.1 s, woke after 1.1 s: a 1 s stall
+    meter.note_read(600_000_000, 1_100_000_000)  # a datagram of that stall, read at its end: counted once
+    meter.note_read(2_000_000_000, 2_010_000_000)  # 10 ms: ordinary scheduling
+    meter.note_read(3_000_000_000, 3_500_000_000)
+    assert meter.stalled_s == pytest.approx(1.5)
+    assert meter.stalled_since(3_400_000_000) and not meter.stalled_since(3_500_000_000)

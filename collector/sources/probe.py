@@ -10,10 +10,13 @@ source NIC, destination node, destination NIC) and where it applies per directio
 * one-way delay and RTT: min, p50, p99, max over the interval (``probe.quantile``); a one-way
   delay is clock-corrected when ``corrections`` knows both ends, else half the RTT with
   ``probe.clock.corrected=false``;
-* loss ratio per direction, pure-pair ratio per direction, probes sent, received and lost;
-  per node, probes unreached (unanswered before their path's first reply: a peer still
-  starting; one series, not one a path: it stops growing 30 s into a path's life);
-* whether the path is suspended (its peer stopped answering), packets dropped by reason;
+* loss ratio per direction, pure-pair ratio per direction, probes sent, received, lost, late
+  (answered after the timeout by a stalled responder: also received) and unknown (could not be
+  judged: neither); the loss ratio is of the probes judged; per node, probes unreached
+  (unanswered before their path's first reply: a peer still starting; one series, not one a
+  path: it stops growing 30 s into a path's life);
+* whether the path is suspended (its peer stopped answering), packets dropped by reason, and
+  the seconds the prober's and the responder's threads were stalled (``probe.role``);
 * from ``clocks`` (`PairwiseClocks`), each peer's latest finished clock window:
   ``ridethrough.clock.pair.*`` (offset, drift, uncertainty, step, reference time).
 
@@ -184,6 +187,8 @@ class ProbeSource:
             dropped = part.dropped() if part is not None else dict.fromkeys(DropReason, 0)
             out += [Sample(P + "dropped", n, MetricKind.COUNTER, "{packet}", {"probe.role": role, "reason": str(r)})
                     for r, n in dropped.items()]
+            if part is not None:
+                out.append(Sample(P + "stalled", part.stalls.stalled_s, MetricKind.COUNTER, "s", {"probe.role": role}))
         if self._prober is not None:
             out.append(Sample(P + "unreached", self._prober.unreached(), MetricKind.COUNTER, "{probe}", {}))
         if self._responder is not None:
@@ -246,6 +251,8 @@ def _counters(status: PathStatus, last: PathStatus | None, attrs: dict[str, str]
     counter = MetricKind.COUNTER
     out = [Sample(P + "sent", status.sent, counter, "{probe}", attrs),
            Sample(P + "received", status.received, counter, "{probe}", attrs),
+           Sample(P + "late", status.late, counter, "{probe}", attrs),
+           Sample(P + "unknown", status.unknown, counter, "{probe}", attrs),
            Sample(P + "path.suspended", float(status.suspended), MetricKind.GAUGE, "1", attrs)]
     lost = {"forward": status.lost_forward, "reverse": status.lost_reverse}
     out += [Sample(P + "lost", n, counter, "{probe}", {**attrs, "probe.direction": d}) for d, n in lost.items()]
@@ -283,7 +290,8 @@ def from_config(cfg: AgentConfig) -> ProbeSource:
     settings = ProberSettings(
         k=_get(cfg, "k", 10), pinned=tuple(_get(cfg, "pinned", ())), redraw_s=_get(cfg, "redraw_s", 600.0),
         interval_s=_get(cfg, "interval_s", 0.5), pair_gap_ns=round(_get(cfg, "pair_gap_us", 20.0) * 1000),
-        timeout_s=_get(cfg, "timeout_s", 1.0), max_skew_s=_get(cfg, "max_skew_s", 1.0),
+        timeout_s=_get(cfg, "timeout_s", 1.0), late_s=_get(cfg, "late_s", 10.0),
+        max_skew_s=_get(cfg, "max_skew_s", 1.0),
         losses_to_suspend=_get(cfg, "losses_to_suspend", 10),
         want_hardware=_get(cfg, "hardware_timestamps", False))
     clock = ScriptedClock(cfg.clock_script) if cfg.clock_script else None

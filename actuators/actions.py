@@ -9,7 +9,10 @@ how far an action got::
     applying      apply may have started and may be half done (``StartedAt`` is set)
     verifying     apply returned ok: the plan is applied, its effect is being checked
     rolling_back  apply or verify failed: the partial or complete apply is being undone
-    succeeded | rolled_back | failed | interrupted | refused | denied | dry_run   (final)
+    succeeded | unverified | rolled_back | failed | interrupted | refused | denied | dry_run   (final)
+
+``unverified``: applied, and its verify found nothing wrong but could not confirm it either
+(too little evidence by the deadline): it stays in place, and says so.
 
 A restarted runner reads the newest version of each action to know which plans were already
 decided (idempotency), when each entity was last acted on (cooldown), and which actions a
@@ -93,6 +96,8 @@ class Status(enum.Enum):
     VERIFYING = "verifying"
     ROLLING_BACK = "rolling_back"
     SUCCEEDED = "succeeded"
+    UNVERIFIED = "unverified"
+    """Applied and left in place: the verify found nothing wrong, but had too little evidence to confirm it."""
     ROLLED_BACK = "rolled_back"
     INTERRUPTED = "interrupted"
     """The runner stopped (crashed) mid-action and a restarted one could not finish it (see the

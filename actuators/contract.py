@@ -61,11 +61,19 @@ class Result:
     """One line for a human (why it failed, what it changed)."""
     timings_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     """The plugin's own breakdown, e.g. ``{"drain_s": 0.4}``; the runner times each call itself."""
+    inconclusive: bool = False
+    """A verify that could not decide (too little evidence by its deadline): ``ok``, as nothing showed the action
+    wrong, so it stays in place; the runner records it ``unverified`` rather than ``succeeded``."""
 
     @classmethod
     def success(cls, detail: str = "", **timings_s: float) -> Result:
         """An ok result."""
         return cls(True, detail, timings_s)
+
+    @classmethod
+    def undecided(cls, detail: str, **timings_s: float) -> Result:
+        """A verify's answer when the evidence did not decide by its deadline; ``detail`` says what was missing."""
+        return cls(True, detail, timings_s, inconclusive=True)
 
     @classmethod
     def failure(cls, detail: str, **timings_s: float) -> Result:

@@ -32,6 +32,7 @@ The controller hands it its store (`use_store`); without one the route readback 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -166,7 +167,7 @@ class ReroutePlugin:
                     summary=f"drain {incident.entity} ({incident.kind}) at the leaves: {len(drain.changes)} prefixes "
                             f"on {len(by_host(drain.changes))} leaves",
                     params={"link": incident.entity, "at": "leaves", "changes": encode_changes(drain.changes),
-                            "flows": encode_flows(drain.flows)},
+                            "flows": encode_flows(drain.flows), "baseline_until_ns": self._baseline_until(incident)},
                     removes_paths=drain.removed_paths)
             drain_refusal = f"leaves: {drain.refusal}; hosts: "
         avoid = plan_avoid(fmap, incident.entity, self._addresses())
@@ -177,8 +178,13 @@ class ReroutePlugin:
             NAME, incident, steps=(*describe(avoid.changes), "read every route back; check every pair keeps a path"),
             summary=f"route traffic off {incident.entity} ({incident.kind}): {len(avoid.changes)} destinations "
                     f"on {len(by_host(avoid.changes))} hosts",
-            params={"link": incident.entity, "changes": encode_changes(avoid.changes)},
+            params={"link": incident.entity, "changes": encode_changes(avoid.changes),
+                    "baseline_until_ns": self._baseline_until(incident)},
             removes_paths=avoid.removed_paths)
+
+    def _baseline_until(self, incident: Incident) -> str:
+        """Where the rails' history before the fault ends: the probes' baseline for verify (a plan param)."""
+        return str(max(0, incident.opened_at_ns - round(self._config.probes.fault_lead_s * 1e9)))
 
     def _route_map(self) -> RouteMap | None:
         if self._fabric is None and self._config.fabric_map_file:
@@ -263,8 +269,8 @@ class ReroutePlugin:
         if drained:  # the pairs keep their rails; what must change is which routes those rails may take
             rails, fmap = flow_rails(decode_flows(plan.params["flows"])), fmap.without(link)
         probed = self._probes.verify(link=link, pairs=rails, routes=fmap, since_ns=since_ns, cluster=plan.cluster,
-                                     deadline=deadline)
-        return Result(probed.ok, f"{routes}; {probed.detail}", probed.timings_s)
+                                     deadline=deadline, baseline_until_ns=int(plan.params.get("baseline_until_ns", 0)))
+        return dataclasses.replace(probed, detail=f"{routes}; {probed.detail}")
 
     def rollback(self, plan: Plan, deadline: Deadline) -> Result:
         client = self._client_or_failure()

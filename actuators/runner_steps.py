@@ -1,6 +1,7 @@
 """Running one action: its phases, each recorded in the ``actions`` journal and as spans.
 
-`ActionSteps.execute` runs an accepted action: apply → verify, and rollback when either fails;
+`ActionSteps.execute` runs an accepted action: apply → verify, and rollback when either fails (a
+verify that could not decide leaves the action in place as ``unverified``);
 `ActionSteps.resume` goes on with one a previous runner left in flight (verify or roll back
 again; never apply). Each phase runs under its deadline (`run_phase`), and the row that names a
 phase is written before the phase starts, so a crash leaves the journal saying how far it got.
@@ -98,7 +99,10 @@ class ActionSteps:
         verified, verify_s = self._phase(a, "verify", a.plugin.verify, self._policy.verify_timeout_s)
         timings |= {"verify_s": verify_s, **verified.timings_s}
         results.append(f"verify: {verified.detail}")
-        if verified.ok:
+        if verified.ok and verified.inconclusive:
+            self._end(a, Status.UNVERIFIED, f"left in place, not verified{note}: {verified.detail}", timings,
+                      results)
+        elif verified.ok:
             self._end(a, Status.SUCCEEDED, f"verified{note}", timings, results)
         else:
             self._undo(a, f"verify failed{note}: {verified.detail}", timings, results)

@@ -209,9 +209,24 @@ def prober_presence(window: Window) -> dict[str, tuple[int, int]]:
     return {str(r["node"]): (int(r["first_ns"]), int(r["max_gap_ns"])) for r in run(window, sql, params(window))}
 
 
+STALL_S = 0.5
+"""Seconds of probe-thread stall in a window that make a node's silence its own, not its paths'."""
+
+
+def stalled_nodes(window: Window, *, min_s: float = STALL_S) -> set[str]:
+    """Nodes whose prober or responder says it was held off the CPU for ``min_s`` or more in the window
+    (``ridethrough.probe.stalled``)."""
+    stalled: dict[str, float] = {}
+    for row in counter_series(window, "ridethrough.probe.stalled", ("probe.role",)):
+        stalled[row["node"]] = stalled.get(row["node"], 0.0) + float(row["increase"])
+    return {node for node, seconds in stalled.items() if seconds >= min_s}
+
+
 def probe_loss(window: Window, *, recent_s: float = 5.0) -> dict[PathKey, dict[str, float]]:
-    """Per probed path in the window: ``sent``, ``lost_forward`` and ``lost_reverse`` (counter
-    increases: resets and duplicates add nothing), the same over the last ``recent_s`` seconds
+    """Per probed path in the window: ``sent``, ``lost_forward`` and ``lost_reverse`` (counter increases: resets
+    and duplicates add nothing; probes the prober could not judge, its peer silent on every rail, count as lost
+    forward unless either end of the path says it stalled in the window, and are left out of ``sent`` if one
+    did: see `stalled_nodes`), the same over the last ``recent_s`` seconds
     (``sent_recent``, ``lost_forward_recent``, ``lost_reverse_recent``), the same over the newest
     collection alone (``sent_last``, ``lost_forward_last``, ``lost_reverse_last``), ``loss_rises_forward`` and
     ``loss_rises_reverse`` (how many collections saw new losses: a one-off burst is 1),
@@ -240,22 +255,35 @@ def probe_loss(window: Window, *, recent_s: float = 5.0) -> dict[PathKey, dict[s
         entry(row)["sent"] += row["increase"]
         entry(row)["sent_recent"] += row["increase_second"]
         entry(row)["sent_last"] = entry(row).get("sent_last", 0.0) + row["last_increase"]
+    stalled = stalled_nodes(window)
+    for row in counter_series(window, "ridethrough.probe.unknown", PROBE_PATH, split_ns=split):
+        if {row["probe.src.node"], row["probe.dst.node"]} & stalled:  # a busy host, not its paths: not judged
+            entry(row)["sent"] -= row["increase"]
+            entry(row)["sent_recent"] -= row["increase_second"]
+            entry(row)["sent_last"] = entry(row).get("sent_last", 0.0) - row["last_increase"]
+        else:  # neither end was held off: silence on every rail is the paths'
+            _fold_loss(entry(row), "forward", row)
     for row in counter_series(window, "ridethrough.probe.lost", (*PROBE_PATH, "probe.direction"),
                               match={"probe.direction": ["forward", "reverse"]}, split_ns=split):
-        direction = row["probe.direction"]
-        entry(row)[f"lost_{direction}"] += row["increase"]
-        entry(row)[f"lost_{direction}_recent"] += row["increase_second"]
-        entry(row)[f"lost_{direction}_last"] = entry(row).get(f"lost_{direction}_last", 0.0) + row["last_increase"]
-        entry(row)[f"loss_rises_{direction}"] += row["rises"]
-        last = f"loss_last_ns_{direction}"
-        entry(row)[last] = max(entry(row).get(last, 0), row["last_rise_ns"])
+        _fold_loss(entry(row), row["probe.direction"], row)
     for row in gauge_series(window, "ridethrough.probe.path.suspended", PROBE_PATH, up_value=0.0):
         entry(row)["suspended"] = max(entry(row)["suspended"], float(row["latest"] == 1.0))
         entry(row)["suspended_last_ns"] = max(entry(row).get("suspended_last_ns", 0), int(row["last_down_ns"]))
     for key, st in out.items():
+        st["sent"], st["sent_recent"] = max(0.0, st["sent"]), max(0.0, st["sent_recent"])
         points = sent_points.get(key, [])
         for direction in ("forward", "reverse"):
             after = int(st.get(f"loss_last_ns_{direction}", 0))
             steps = itertools.pairwise(points)
             st[f"sent_since_loss_{direction}"] = sum(max(0.0, b[1] - a[1]) for a, b in steps if a[0] >= after)
     return out
+
+
+def _fold_loss(st: dict[str, float], direction: str, row: Mapping[str, Any]) -> None:
+    """Add one lost counter series' increases (``counter_series`` with a split) to a path's entry."""
+    st[f"lost_{direction}"] += row["increase"]
+    st[f"lost_{direction}_recent"] += row["increase_second"]
+    st[f"lost_{direction}_last"] = st.get(f"lost_{direction}_last", 0.0) + row["last_increase"]
+    st[f"loss_rises_{direction}"] += row["rises"]
+    last = f"loss_last_ns_{direction}"
+    st[last] = max(st.get(last, 0), row["last_rise_ns"])

@@ -34,7 +34,8 @@ from ridethrough.exporters.pagerduty import PagerDutyExporter
 
 log = logging.getLogger(__name__)
 
-_OUTCOME = {Status.SUCCEEDED: "succeeded", Status.ROLLED_BACK: "rolled back", Status.FAILED: "FAILED",
+_OUTCOME = {Status.SUCCEEDED: "succeeded", Status.UNVERIFIED: "applied, not verified",
+            Status.ROLLED_BACK: "rolled back", Status.FAILED: "FAILED",
             Status.INTERRUPTED: "interrupted, needs a human"}
 """The final states of an action that touched the fleet, as a summary says them."""
 

@@ -141,6 +141,7 @@ def make_cgroups(sf: StateFile, state: State) -> None:
     sf.append("cgroups", state["cgroup"])
     for info in state["hosts"].values():
         cgroups.make(Path(info["jobs_cgroup"]))
+        cgroups.set_shares(Path(info["jobs_cgroup"]), cgroups.JOB_SHARES)
     server = cgroups.server_dir(Path(state["cgroup"]))
     cgroups.make(server)
     cgroups.set_shares(server, cgroups.SERVER_SHARES)

@@ -19,7 +19,8 @@ from ridethrough.demo_job import JOB_ID, DemoJob
 from ridethrough.demo_stack import Stack
 
 POLL_S = 1.0
-TERMINAL = frozenset({"succeeded", "failed", "rolled_back", "refused", "denied", "dry_run", "interrupted"})
+TERMINAL = frozenset({"succeeded", "unverified", "failed", "rolled_back", "refused", "denied", "dry_run",
+                      "interrupted"})
 """Action states that end a decision (the runner's `Status` values)."""
 FINAL = TERMINAL - {"refused"}
 """Decisions an act stops waiting at: a refusal (hysteresis, cooldown) may be followed by an action."""

@@ -73,9 +73,6 @@ def lab_env(*, data_dir: Path, sink_url: str, dashboard_url: str, pagerduty_key:
         # hosts spent a core between them on echoes, and a starved echo read as a lost one moved traffic
         # off healthy rails. Fewer probes per rail; the second probe still follows the first failure at once.
         "RIDETHROUGH_AGENT_REFLEX_MAX_PROBES_PER_S": "150",
-        # A responder starved for a second or two answers late, and its peers counted those probes lost (5-15 %
-        # on the paths of the host running the spares): tomography then blamed its cable. Wait 2.5 s, not 1.
-        "RIDETHROUGH_AGENT_PROBE_TIMEOUT_S": "2.5",
         "RIDETHROUGH_PAGERDUTY_ENABLED": "true", "RIDETHROUGH_PAGERDUTY_EVENTS_URL": sink_url + ALERT_PATH,
         "RIDETHROUGH_PAGERDUTY_CHANGE_URL": sink_url + CHANGE_PATH,
         "RIDETHROUGH_PAGERDUTY_ROUTING_KEYS": f"*=env:{PAGERDUTY_KEY_ENV}", PAGERDUTY_KEY_ENV: pagerduty_key,

@@ -82,6 +82,7 @@ class Scripted:
     apply_error: Exception | None = None
     apply_ok: bool = True
     verify_ok: bool = True
+    verify_undecided: bool = False
     rollback_ok: bool = True
     apply_sleep_s: float = 0.0
     gate: threading.Event | None = None
@@ -106,6 +107,8 @@ class Scripted:
 
     def verify(self, plan: Plan, deadline: Deadline) -> Result:
         self.calls.append(("verify", plan.entity))
+        if self.verify_undecided:
+            return Result.undecided("too few probes by the deadline")
         return Result(self.verify_ok, "paths healthy" if self.verify_ok else "loss still 30%")
 
     def rollback(self, plan: Plan, deadline: Deadline) -> Result:
@@ -516,6 +519,15 @@ def test_failed_verify_rolls_back(store: Store) -> None:
     assert [s for s, _ in history(store, action)] == ["applying", "verifying", "rolling_back", "rolled_back"]
     assert final(store, action) == ("rolled_back", "verify failed: loss still 30%",
                                     "apply: applied; verify: loss still 30%; rollback: restored")
+
+
+def test_an_undecided_verify_leaves_the_action_in_place_as_unverified(store: Store) -> None:
+    plugin = Scripted(verify_undecided=True)
+    action = run_one(runner(store, plugin), incident("uv1"))
+    assert plugin.calls == [("apply", "uv1"), ("verify", "uv1")], "no rollback on no evidence"
+    assert [s for s, _ in history(store, action)] == ["applying", "verifying", "unverified"]
+    assert final(store, action) == ("unverified", "left in place, not verified: too few probes by the deadline",
+                                    "apply: applied; verify: too few probes by the deadline")
 
 
 def test_a_failed_rollback_leaves_the_action_failed(store: Store) -> None:

@@ -42,8 +42,8 @@ FMAP = RouteMap.from_fabric(TOPO)
 ADDRESSES = {h: TOPO.stable_ip(h) for h in TOPO.hosts}
 CROSS = [(a, b) for a in TOPO.hosts for b in TOPO.hosts if TOPO.rack_of(a) != TOPO.rack_of(b)]
 """The pairs a spine link's plan moves (cross-rack), each now on nic0 only."""
-QUICK = ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=0.0)
-"""The tests stamp their probes a few ms after the apply: no settling time."""
+QUICK = ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=0.0, min_probes=4)
+"""The tests stamp their probes a few ms after the apply: no settling time; a few rounds of them judge a rail."""
 MS = 1_000_000
 _clusters = itertools.count()
 _tokens = itertools.count()
@@ -65,13 +65,17 @@ class Agents:
         self.encoders = {h: SampleEncoder(resource=Resource.create({
             "service.name": "ridethrough-agent", "host.name": h, "ridethrough.node.id": h,
             "ridethrough.cluster": cluster}), scope="ridethrough.collector") for h in TOPO.hosts}
-        self.counts: dict[tuple[str, str, str, str], list[int]] = {}  # path -> [sent, received, lost fwd, lost rev]
+        # path -> [sent, received, lost fwd, lost rev, unknown]
+        self.counts: dict[tuple[str, str, str, str], list[int]] = {}
         self.suspended: set[tuple[str, str, str, str]] = set()
+        self.stalled: dict[str, float] = {}
+        """Seconds each host's probe threads were held off so far (``ridethrough.probe.stalled``)."""
 
-    def probe(self, src: str, dst: str, nic: str, *, sent: int, lost: int = 0) -> None:
-        """``src``'s prober sends ``sent`` probes from its ``nic`` to ``dst``'s, ``lost`` of them never answered."""
-        c = self.counts.setdefault((src, nic, dst, nic), [0, 0, 0, 0])
-        c[0], c[1], c[2] = c[0] + sent, c[1] + sent - lost, c[2] + lost
+    def probe(self, src: str, dst: str, nic: str, *, sent: int, lost: int = 0, unknown: int = 0) -> None:
+        """``src``'s prober sends ``sent`` probes from its ``nic`` to ``dst``'s, ``lost`` of them never answered
+        while ``dst`` answered others, ``unknown`` never answered while ``dst`` answered nothing."""
+        c = self.counts.setdefault((src, nic, dst, nic), [0, 0, 0, 0, 0])
+        c[0], c[1], c[2], c[4] = c[0] + sent, c[1] + sent - lost - unknown, c[2] + lost, c[4] + unknown
 
     def stop(self, src: str, dst: str) -> None:
         """``src``'s prober no longer reports its paths to ``dst`` (the peer was drawn out of its probed set)."""
@@ -85,11 +89,14 @@ class Agents:
         """Every host's collection at ``t_ns``, through the agent's encoder and the gateway's conversion."""
         for host, encoder in self.encoders.items():
             groups: dict[str, list[Sample]] = {}
-            for (src, nic, dst, dnic), (sent, received, fwd, rev) in self.counts.items():
+            if host in self.stalled:
+                groups["ridethrough.probe.stalled"] = [Sample("ridethrough.probe.stalled", self.stalled[host],
+                                                              MetricKind.COUNTER, "s", {"probe.role": "responder"})]
+            for (src, nic, dst, dnic), (sent, received, fwd, rev, unknown) in self.counts.items():
                 if src != host:
                     continue
                 attrs = {"probe.src.node": src, "probe.src.nic": nic, "probe.dst.node": dst, "probe.dst.nic": dnic}
-                for name, value, extra in (("sent", sent, {}), ("received", received, {}),
+                for name, value, extra in (("sent", sent, {}), ("received", received, {}), ("unknown", unknown, {}),
                                            ("lost", fwd, {"probe.direction": "forward"}),
                                            ("lost", rev, {"probe.direction": "reverse"})):
                     groups.setdefault(f"ridethrough.probe.{name}", []).append(
@@ -112,9 +119,9 @@ class Agents:
             self.collect(t0_ns + (i + 1) * MS)
 
 
-def incident(cluster: str) -> Incident:
+def incident(cluster: str, opened_ns: int = 1) -> Incident:
     return Incident(f"inc-{cluster}", f"link_down:link:{LINK}", "link_down", "link", LINK, cluster, "link_down",
-                    Severity.ERROR, State.OPEN, 1, 1, 0, 1, 1, 0, "", "{}", "ab" * 16, 1)
+                    Severity.ERROR, State.OPEN, opened_ns, opened_ns, 0, opened_ns, 1, 0, "", "{}", "ab" * 16, 1)
 
 
 def plugin(*, fmap: list[RouteMap] | None = None, probes: ProbeVerifyConfig = QUICK,
@@ -125,14 +132,19 @@ def plugin(*, fmap: list[RouteMap] | None = None, probes: ProbeVerifyConfig = QU
                          addresses=lambda: ADDRESSES, config=RerouteConfig(probes=probes))
 
 
-def applied(p: ReroutePlugin, store: Store) -> tuple[Plan, Agents, int]:
-    """A plan for the cut ``LINK`` applied, probe checks on ``store``; the agents' probes and the instant after."""
+def applied(p: ReroutePlugin, store: Store, *, opened_ns: int = 1,
+            before_lost: int = 0) -> tuple[Plan, Agents, int]:
+    """A plan for the cut ``LINK`` applied, probe checks on ``store``; the agents' probes and the instant after.
+
+    The probes 20 s before the apply lose ``before_lost`` of 4 a round; they are the rails' baseline when the
+    incident opened (``opened_ns``) 60 s or more after them (the plugin's default ``fault_lead_s``).
+    """
     cluster = f"c{next(_clusters)}"
     p.use_store(store)
-    plan = p.plan(incident(cluster), FleetState(taken_at_ns=1))
+    plan = p.plan(incident(cluster, opened_ns), FleetState(taken_at_ns=1))
     assert isinstance(plan, Plan)
     agents = Agents(store, cluster)
-    agents.rounds(time.time_ns() - 20_000 * MS, 3)  # healthy probes before the change: they prove nothing of it
+    agents.rounds(time.time_ns() - 20_000 * MS, 3, lost=before_lost)  # before the change: they prove nothing of it
     done = p.apply(plan, Deadline.after(30))
     assert done.ok, done.detail
     return plan, agents, time.time_ns()
@@ -149,8 +161,8 @@ def test_fresh_good_probes_on_the_rail_in_use_confirm_every_pair(store: Store) -
     assert verified.ok, verified.detail
     pairs = len(decode_changes(plan.params["changes"]))
     assert "none leaves through" in verified.detail, "the route readback ran first"
-    assert f"probes since the apply confirm all {pairs} pairs: {pairs * 2 * 8} probes settled" in verified.detail
-    assert f"0 lost, none of those rails crosses {LINK}" in verified.detail
+    assert f"probes since the apply confirm all {pairs} pairs: {pairs * 2 * 8} probes judged" in verified.detail
+    assert f"0 lost (0 not judged: a peer stalled), none of those rails crosses {LINK}" in verified.detail
     assert verified.timings_s["probes_s"] >= 0
 
 
@@ -185,7 +197,7 @@ def test_a_path_its_prober_suspended_fails_naming_the_pair_at_once(store: Store)
 
 
 def test_probes_settling_just_after_the_apply_were_sent_before_it_and_do_not_count(store: Store) -> None:
-    p = plugin(probes=ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=1.0))
+    p = plugin(probes=ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=1.0, min_probes=4))
     plan, agents, after = applied(p, store)
     agents.rounds(after, 3, lost=2)  # declared lost within the prober's timeout: they left over the old route
     agents.rounds(after + 1_100 * MS, 3)
@@ -193,7 +205,7 @@ def test_probes_settling_just_after_the_apply_were_sent_before_it_and_do_not_cou
     assert verified.ok and "0 lost" in verified.detail, verified.detail
 
 
-def test_stale_probes_only_fail_at_the_deadline_with_no_probe_data(store: Store) -> None:
+def test_rails_without_fresh_probes_leave_the_action_unverified_at_the_deadline(store: Store) -> None:
     p = plugin()
     plan, agents, after = applied(p, store)
     quiet = {("h1", "h3"), ("h3", "h1")}
@@ -201,8 +213,8 @@ def test_stale_probes_only_fail_at_the_deadline_with_no_probe_data(store: Store)
         agents.stop(src, dst)
     agents.rounds(after, 3, pairs=[pair for pair in CROSS if pair not in quiet])
     verified = p.verify(plan, Deadline.after(4))
-    assert not verified.ok
-    assert "probes: 2 of 8 pair rails not confirmed" in verified.detail, verified.detail
+    assert verified.ok and verified.inconclusive, "no evidence either way: left in place, said unverified"
+    assert "probes: 2 of 8 pair rails had too few judged probes by the deadline" in verified.detail, verified.detail
     assert "h1 -> h3 over nic0: no probe data since the apply" in verified.detail
     assert "h3 -> h1 over nic0: no probe data since the apply" in verified.detail, "h1's older probes do not count"
 
@@ -212,7 +224,8 @@ def test_one_collection_since_the_apply_is_only_a_baseline(store: Store) -> None
     plan, agents, after = applied(p, store)
     agents.rounds(after, 1)
     verified = p.verify(plan, Deadline.after(4))
-    assert not verified.ok and "h0 -> h2 over nic0: only 0 probes settled since the apply (needs 4)" in verified.detail
+    assert verified.inconclusive and "h0 -> h2 over nic0: only 0 probes judged since the apply (needs 4)" in \
+        verified.detail, verified.detail
 
 
 def test_probes_that_still_cross_the_link_fail_naming_the_pair(store: Store) -> None:
@@ -256,7 +269,7 @@ def test_the_controller_hands_its_store_to_the_plugin(store: Store, monkeypatch:
     plan = p.plan(incident(f"c{next(_clusters)}"), FleetState(taken_at_ns=1))
     assert plan is not None and p.apply(plan, Deadline.after(30)).ok
     verified: Result = p.verify(plan, Deadline.after(3))
-    assert not verified.ok and "no probe data since the apply" in verified.detail, verified.detail
+    assert verified.inconclusive and "no probe data since the apply" in verified.detail, verified.detail
 
 
 def test_without_a_store_the_routes_alone_verify() -> None:
@@ -291,3 +304,57 @@ def test_a_rail_fails_only_on_loss_significantly_above_the_threshold(lost: int, 
 
 def test_with_no_loss_allowed_any_loss_fails() -> None:
     assert too_lossy(1, 300, 0.0, 0.01) and not too_lossy(0, 300, 0.0, 0.01)
+
+
+def test_a_rail_is_judged_against_its_own_loss_before_the_fault(store: Store) -> None:
+    """A rail that lost a quarter of its probes before the fault (a starved responder, a noisy host) and loses as
+    many after the apply is as it was: confirmed. Without a baseline the same counts fail against 5 %."""
+    opened = time.time_ns() + 50_000 * MS  # the baseline ends 60 s before: 10 s ago, after the lossy rounds
+    for baseline, ok in ((opened, True), (1, False)):
+        p = plugin()
+        plan, agents, after = applied(p, store, opened_ns=baseline, before_lost=1)
+        agents.rounds(after, 4, lost=1)
+        verified = p.verify(plan, Deadline.after(20))
+        assert verified.ok is ok and not verified.inconclusive, verified.detail
+        if not ok:
+            assert "25% of 24 probes lost since the apply, against 5% (too few probes before the fault" in \
+                verified.detail, verified.detail
+
+
+def test_no_verdict_is_taken_on_a_handful_of_probes(store: Store) -> None:
+    """43 % lost of a rail's first probes after the apply (6 of 14: each end's prober lost 3 of 7), as in the CI
+    run this guards against, where losses of probes that left before the apply reached the store after it, is no
+    verdict at the default 20: the rail waits, then stays unverified."""
+    p = plugin(probes=ProbeVerifyConfig(poll_s=0.2, margin_s=0.5, settle_s=0.0))
+    plan, agents, after = applied(p, store)
+    agents.rounds(after, 1)
+    agents.everyone("nic0", sent=7, lost=3)
+    agents.collect(after + 5 * MS)
+    verified = p.verify(plan, Deadline.after(3))
+    assert verified.ok and verified.inconclusive, verified.detail
+    assert "only 14 probes judged since the apply (needs 20)" in verified.detail, verified.detail
+
+
+@pytest.mark.parametrize("stalled", [False, True])
+def test_probes_a_silent_peer_left_unjudged_fail_the_rail_unless_a_host_stalled(store: Store, stalled: bool) -> None:
+    """h2 answered nothing over rail 0 since the apply: its peers' probers could not judge their probes. Unless h0
+    or h2 says its probe threads were held off, that silence is the rail's: it fails. If h2 stalled, the probes
+    count neither way, and the rail waits for judged ones (unverified at the deadline)."""
+    p = plugin()
+    plan, agents, after = applied(p, store)
+    silent = [("h0", "h2"), ("h2", "h0")]
+    agents.rounds(after, 3, pairs=[pair for pair in CROSS if pair not in silent])
+    for i in range(3):
+        for src, dst in silent:
+            agents.probe(src, dst, "nic0", sent=4, unknown=4)
+        if stalled:
+            agents.stalled["h2"] = 2.0 * (i + 1)
+        agents.collect(after + (10 + i) * MS)
+    verified = p.verify(plan, Deadline.after(4))
+    if stalled:
+        assert verified.ok and verified.inconclusive, verified.detail
+        assert "h0 -> h2 over nic0: 24 probes sent since the apply, none judged yet (24 unanswered while a host's " \
+               "probe threads stalled)" in verified.detail, verified.detail
+    else:
+        assert not verified.ok, verified.detail
+        assert "h0 -> h2 over nic0: 100% of 24 probes lost since the apply" in verified.detail, verified.detail

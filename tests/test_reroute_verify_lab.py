@@ -5,13 +5,15 @@ One small lab (2 racks of one host, 2 rails, 2 spines) with its agents' control 
 process is the controller: the real `Runner` with the ``reroute`` plugin, whose verify reads the
 probes from the lab server's store through its read-only ClickHouse HTTP endpoint. Cutting a spine
 link on rail 1 moves the hosts' traffic to rail 0, and the probes over rail 0 confirm it (and a walk of
-the kernel's routes, hop by hop, finds no flow over the link); when rail 0 is cut at a host as well,
-the routes still read back right, but the probes show the pair has no path left, and the runner rolls
-back. Needs root and network namespaces.
+the kernel's routes, hop by hop, finds no flow over the link); the same reroute applied while both
+hosts are starved of CPU is not rolled back for their late answers; when rail 0 is cut at a host as
+well, the routes still read back right, but the probes show the pair has no path left, and the runner
+rolls back. Needs root and network namespaces.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +102,30 @@ def test_the_probes_over_the_rail_left_confirm_a_reroute(lab: Lab, parts: dict[s
                  for i in range(8)]
         assert all(w.ok and LINK not in w.links for w in walks), walks
     finally:
+        plan = parts["plugin"].plan(link_down(lab), parts["fleet"]())
+        if plan is not None:
+            parts["plugin"].rollback(plan, Deadline.after(60))
+        lab.set_link(LINK, up=True)
+    assert central_routes(lab, "h0") == {} and central_routes(lab, "h1") == {}
+
+
+def test_a_correct_reroute_applied_while_the_agents_are_starved_is_not_rolled_back(lab: Lab,
+                                                                                  parts: dict[str, Any]) -> None:
+    """Both hosts held to 1 % of a CPU from before the apply until 20 s into it: their responders answer late and
+    their probers run late. That is no evidence against the reroute: it verifies, or stays unverified."""
+    lab.set_link(LINK, up=False, end="spine0")
+    for host in ("h0", "h1"):
+        lab.starve(host, cpu_fraction=0.01)
+    fed = threading.Timer(20.0, lambda: [lab.starve(h, cpu_fraction=None) for h in ("h0", "h1")])
+    fed.start()
+    try:
+        status, reason, detail = run(parts["store"], parts["plugin"], link_down(lab), parts["fleet"])
+        assert status in (Status.SUCCEEDED.value, Status.UNVERIFIED.value), f"{status}: {reason}: {detail}"
+        assert moved(lab), "the routes stay"
+    finally:
+        fed.cancel()
+        for host in ("h0", "h1"):
+            lab.starve(host, cpu_fraction=None)
         plan = parts["plugin"].plan(link_down(lab), parts["fleet"]())
         if plan is not None:
             parts["plugin"].rollback(plan, Deadline.after(60))

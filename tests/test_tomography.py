@@ -156,6 +156,7 @@ def test_noise_beside_a_real_fault_adds_no_link() -> None:
 
 PROBES_PER_STEP = 20  # 2 pairs/s over 5 s between collections
 SUMS = {"ridethrough.probe.sent", "ridethrough.probe.lost"}
+UNJUDGED = {"ridethrough.probe.unknown", "ridethrough.probe.stalled"}
 
 
 def _cum(step: int, n: int) -> list[float]:
@@ -461,3 +462,36 @@ def test_store_a_flapping_host_link_is_blamed_though_every_reverse_looks_clean(s
     [f] = td.run(store, Tomography(routes=design), c)
     assert (f.kind, f.entity) == (FindingKind.LINK_DEGRADING, "h5-leaf1r1")
     assert f.evidence["explained"] == 14 and f.evidence["contradicting"] == 0
+
+
+def _silent_host_rows(c: str, host: str, *, stalled: bool) -> list[dict[str, Any]]:
+    """Healthy fabric, but ``host`` answered none of its peers' probes and none of its own came back: its peers'
+    probers and its own could not judge them (``unknown``). With ``stalled``, the host says its probe threads
+    were held off the CPU all along."""
+    rows = fabric_rows(c, TWO_RACKS, exact(TWO_RACKS), {})
+    rows = [r for r in rows if not (r["MetricName"] == "ridethrough.probe.lost" and host in (
+        r["Attributes"]["probe.src.node"], r["Attributes"]["probe.dst.node"]))]
+    for r in [r for r in rows if r["MetricName"] == "ridethrough.probe.sent"
+              and host in (r["Attributes"]["probe.src.node"], r["Attributes"]["probe.dst.node"])]:
+        rows.append({**r, "MetricName": "ridethrough.probe.unknown"})
+        for d in ("forward", "reverse"):
+            rows.append({**r, "MetricName": "ridethrough.probe.lost", "Value": 0.0,
+                         "Attributes": {**r["Attributes"], "probe.direction": d}})
+    if stalled:
+        rows += td.series(c, host, "ridethrough.probe.stalled", {"probe.role": "responder"}, _cum(5, td.N))
+    return rows
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("stalled", [False, True])
+def test_store_probes_a_silent_host_left_unjudged_are_loss_unless_it_stalled(store: Store, walked: RouteMap,
+                                                                          stalled: bool) -> None:
+    c = f"tomo-unknown-{stalled}"
+    rows = _silent_host_rows(c, "h3", stalled=stalled)
+    td.insert(store, schema.GAUGE, [r for r in rows if r["MetricName"] not in SUMS | UNJUDGED])
+    td.insert(store, schema.SUM, [r for r in rows if r["MetricName"] in SUMS | UNJUDGED])
+    found = td.run(store, Tomography(routes=walked), c)
+    if stalled:  # a host held off the CPU, its links fine
+        assert found == [], found
+    else:  # silence on every rail from a host that ran: its links
+        assert found and all(f.entity.startswith("h3-") for f in found), found

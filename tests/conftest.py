@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +32,13 @@ def wait_for(predicate: Callable[[], T], *, timeout_s: float = 30.0, interval_s:
             return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+
+
+def store_sql(store_http: str, sql: str) -> list[list[Any]]:
+    """Rows of ``sql`` on a lab server's read-only ClickHouse HTTP endpoint."""
+    url = f"{store_http}/?query={urllib.parse.quote(sql + ' FORMAT JSONCompact')}"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return list(json.loads(r.read())["data"])
 
 
 class Proc:

@@ -11,13 +11,9 @@ Needs root and network namespaces.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -26,7 +22,7 @@ from ridethrough.lab.fabric import Lab
 from ridethrough.lab.scenario import parse_scenario
 from ridethrough.lab.topology import TopologySpec
 from ridethrough.lab.truth import run_scenario
-from tests.conftest import wait_for
+from tests.conftest import store_sql, wait_for
 
 REASON = netns.unavailable_reason()
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow,
@@ -50,15 +46,9 @@ timeline:
 detector runs every 10 s, so the prediction can take ~20 s to come; the failure must not beat it."""
 
 
-def _sql(store_http: str, sql: str) -> list[list[Any]]:
-    url = f"{store_http}/?query={urllib.parse.quote(sql + ' FORMAT JSONCompact')}"
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return list(json.loads(r.read())["data"])
-
-
 def _first_opened(store_http: str, kind: str, since_ns: int) -> dict[str, int]:
     """Entity → when its first ``kind`` incident opened (since ``since_ns``)."""
-    rows = _sql(store_http, f"""
+    rows = store_sql(store_http, f"""
         SELECT Entity, toString(toUnixTimestamp64Nano(min(OpenedAt))) FROM incidents
         WHERE Kind = '{kind}' AND OpenedAt >= fromUnixTimestamp64Nano(toInt64({int(since_ns)}))
         GROUP BY Entity""")
@@ -70,7 +60,7 @@ def lab() -> Iterator[Lab]:
     with Lab.up(TopologySpec(hosts=4, racks=2, rails=2, spines=2, gpus=0), name=f"tde{os.getpid() % 100000}",
                 agents=True, timeout_s=120) as running:
         store = running.server["store_http"]
-        wait_for(lambda: _sql(store, "SELECT uniqExact(ResourceAttributes['ridethrough.node.id']) "
+        wait_for(lambda: store_sql(store, "SELECT uniqExact(ResourceAttributes['ridethrough.node.id']) "
                                      "FROM otel_metrics_sum")[0][0] >= 4,
                  timeout_s=120, interval_s=1.0, what="all four agents' rows in the store")
         yield running

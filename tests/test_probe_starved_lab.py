@@ -9,11 +9,8 @@ open no link incident. Needs root and network namespaces.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +19,7 @@ import pytest
 from ridethrough.lab import netns
 from ridethrough.lab.fabric import Lab
 from ridethrough.lab.topology import TopologySpec
-from tests.conftest import wait_for
+from tests.conftest import store_sql, wait_for
 
 REASON = netns.unavailable_reason()
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow,
@@ -33,15 +30,9 @@ CPU_FRACTION = 0.01
 LINK_KINDS = ("link_degrading", "link_down", "link_flap", "congestion")
 
 
-def _sql(store_http: str, sql: str) -> list[list[Any]]:
-    url = f"{store_http}/?query={urllib.parse.quote(sql + ' FORMAT JSONCompact')}"
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return list(json.loads(r.read())["data"])
-
-
 def _increase(store_http: str, metric: str, where: str, start_ns: int, end_ns: int) -> float:
     """A counter's increase over [start, end], summed over its series (each: newest minus oldest point)."""
-    rows = _sql(store_http, f"""
+    rows = store_sql(store_http, f"""
         SELECT sum(d) FROM (
             SELECT argMax(Value, TimeUnix) - argMin(Value, TimeUnix) AS d FROM otel_metrics_sum
             WHERE MetricName = '{metric}' AND {where}
@@ -56,12 +47,12 @@ def _losses(store_http: str, where: str, start_ns: int, end_ns: int) -> list[lis
     packets dropped, by node, role and reason."""
     span = (f"TimeUnix BETWEEN fromUnixTimestamp64Nano(toInt64({start_ns})) "
             f"AND fromUnixTimestamp64Nano(toInt64({end_ns}))")
-    lost = _sql(store_http, f"""
+    lost = store_sql(store_http, f"""
         SELECT Attributes['probe.src.node'] s, Attributes['probe.dst.node'] d, Attributes['probe.direction'] dir,
                argMax(Value, TimeUnix) - argMin(Value, TimeUnix) AS inc
         FROM otel_metrics_sum WHERE MetricName = 'ridethrough.probe.lost' AND {where} AND {span}
         GROUP BY s, d, dir, Attributes['probe.src.nic'] HAVING inc > 0""")
-    dropped = _sql(store_http, f"""
+    dropped = store_sql(store_http, f"""
         SELECT ResourceAttributes['ridethrough.node.id'] n, Attributes['probe.role'] r, Attributes['reason'] re,
                argMax(Value, TimeUnix) - argMin(Value, TimeUnix) AS inc
         FROM otel_metrics_sum WHERE MetricName = 'ridethrough.probe.dropped' AND {span}
@@ -74,7 +65,7 @@ def lab() -> Iterator[Lab]:
     with Lab.up(TopologySpec(hosts=4, racks=2, rails=2, spines=2, gpus=0), name=f"tps{os.getpid() % 100000}",
                 agents=True, timeout_s=120) as running:
         store = running.server["store_http"]
-        wait_for(lambda: _sql(store, "SELECT uniqExact(ResourceAttributes['ridethrough.node.id']) FROM "
+        wait_for(lambda: store_sql(store, "SELECT uniqExact(ResourceAttributes['ridethrough.node.id']) FROM "
                                      "otel_metrics_sum WHERE MetricName = 'ridethrough.probe.received' "
                                      "AND Value > 0")[0][0] >= 4,
                  timeout_s=120, interval_s=1.0, what="all four agents' probes answered, in the store")
@@ -110,7 +101,7 @@ def test_a_starved_agent_is_a_stall_not_a_lossy_network(lab: Lab) -> None:
                       f"{unknown:.0f} unknown, {received:.0f} received; {stalled:.1f} s stalled): " \
                       f"{_losses(store, its_paths, began - 5 * 10**9, settled)}"
 
-    opened = _sql(store, f"""
+    opened = store_sql(store, f"""
         SELECT Kind, Entity, Summary FROM incidents FINAL
         WHERE Kind IN {LINK_KINDS} AND OpenedAt >= fromUnixTimestamp64Nano(toInt64({began}))""")
     assert opened == [], f"link incidents on healthy links while {HOST} was starved ({(ended - began) / 1e9:.0f} " \

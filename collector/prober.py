@@ -39,14 +39,15 @@ counted in ``stalls``. `PathCounters` splits losses by direction; a path that lo
 (`heard_from`: the path is back, and a backoff grown over a long outage would otherwise keep
 it suspended, and looking dead, minutes after; a probe over another rail says nothing of this
 one). Only lost probes count towards a suspension: a peer silent on every rail is not a path's
-fault, and its probes go on at the usual pace. As BFD declares no
-session down that never came up, a path that has never been answered is not losing probes
-but not reached yet: for its first ``first_contact_s`` its unanswered probes count as
-``unreached``, not lost (a peer's agent starts seconds after ours in any rollout, and its
-probes lost meanwhile would blame its links). Past that, a path never answered loses like
+fault, and its probes go on at the usual pace.
+
+As BFD declares no session down that never came up, a path that has never been answered is
+not losing probes but not reached yet: for its first ``first_contact_s`` its unanswered probes
+count as ``unreached``, not lost (a peer's agent starts seconds after ours in any rollout, and
+its probes lost meanwhile would blame its links). Past that, a path never answered loses like
 any other while its peer answers over another: a black hole there from the start is still
-reported. Peers are every
-pinned one plus ``k`` drawn at random and re-drawn every ``redraw_s`` (`PeerPicker`).
+reported. Peers are every pinned one plus ``k`` drawn at random and re-drawn every
+``redraw_s`` (`PeerPicker`).
 
 `Responder` (answering probes) lives in `ridethrough.collector.probe_responder`.
 """
@@ -285,9 +286,8 @@ class Prober(SocketWorker):
         """Send no more pairs and wait (up to ``timeout_s``) until every probe in flight is judged.
 
         For a run that ends: its counts then add up (sent = received + lost + unknown), where a plain `stop`
-        leaves the probes of the last timeout window neither; overdue probes still unjudged once the rest are are
-        judged now, as their peer's answers so far say (unknown where those do not tell). True when nothing is
-        left in flight.
+        leaves the probes of the last timeout window neither. Once nothing else is in flight, overdue probes
+        are judged at once, by what their peer's answers say so far. True when nothing is left in flight.
         """
         with self._lock:
             self._quiescing = True
@@ -467,6 +467,11 @@ class Prober(SocketWorker):
         self._remember(*key, done=False)
         st.outstanding = max(0, st.outstanding - 1)
 
+    def _unpend(self, key: tuple[str, int]) -> None:
+        """A probe no longer waited for, in flight or overdue."""
+        self._pending.pop(key, None)
+        self._overdue.pop(key, None)
+
     def _remember(self, nic: str, seq: int, *, done: bool) -> None:
         recent = self._recent[nic]
         recent[seq] = done
@@ -563,13 +568,13 @@ class Prober(SocketWorker):
                 return DropReason.BAD_COOKIE
             st = self._states.get(p.path)
             if st is None:
-                self._pending.pop(key, None) or self._overdue.pop(key, None)
+                self._unpend(key)
                 return DropReason.UNKNOWN_SEQ  # the path was dropped from the plan meanwhile
             t4_ns = self._time.to_local(received.rx_true_ns)
             reason = self._check(st.path, p, reply, received, t4_ns)
             if reason is not None:
                 return reason
-            self._pending.pop(key, None) or self._overdue.pop(key, None)
+            self._unpend(key)
             timeout_ns = self.settings.timeout_s * 1e9
             if t4_ns - p.t1_ns > timeout_ns:  # came after the timeout: the peer's stall, or the network's delay
                 if t4_ns - p.t1_ns - (reply.t3_ns - reply.t2_ns) > timeout_ns:

@@ -118,19 +118,23 @@ class ScriptedClock:
 
     def spec(self) -> ClockSpec:
         """The spec in force (a malformed file keeps the last good one)."""
-        now_s = time.monotonic()
-        if now_s - self._checked_s < self._recheck_s:
+        if time.monotonic() - self._checked_s < self._recheck_s:
             return self._spec  # one reference read: a spec is immutable, and a stale one by <recheck_s is fine
-        self._checked_s = now_s
-        try:
-            mtime = self._path.stat().st_mtime_ns
-        except FileNotFoundError:
-            mtime = 0
         with self._lock:
+            now_s = time.monotonic()
+            if now_s - self._checked_s < self._recheck_s:
+                return self._spec  # another thread looked while we waited
+            try:
+                mtime = self._path.stat().st_mtime_ns
+            except FileNotFoundError:
+                mtime = 0
             if mtime != self._mtime_ns:
                 try:
                     self._spec = read_spec(self._path) if mtime else ClockSpec()
                     self._mtime_ns = mtime
                 except ValueError:
                     pass  # half-written by hand, or hostile: keep the last good spec
+            # Marked checked only now, with the spec in place: a thread on the fast path meanwhile would
+            # otherwise take the spec from before the file was read (true time, on the first read).
+            self._checked_s = now_s
             return self._spec

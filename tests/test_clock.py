@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -55,3 +56,26 @@ def test_the_agent_looks_at_its_clock_file_at_most_every_recheck(tmp_path: Path)
     assert clock() == T0 + 1000, "read again before recheck_s: the spec already in force"
     time.sleep(0.35)
     assert clock() == T0 + 2000
+
+
+def test_a_thread_reading_while_another_first_reads_the_file_gets_the_scripted_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prober and the responder share one clock: the one that came second, while the first was still reading
+    the file, was handed true time (the lab's sample one-way delays then came out off by the host's offset)."""
+    from ridethrough.collector import clock as clock_module
+
+    ClockScript(tmp_path / "clock.json").set(5_000_000, 0.0, epoch_ns=T0)
+    reading, read = threading.Event(), clock_module.read_spec
+
+    def slow_read(path: Path) -> ClockSpec:
+        reading.set()
+        time.sleep(0.2)  # a loaded machine between the stat and the read
+        return read(path)
+
+    monkeypatch.setattr(clock_module, "read_spec", slow_read)
+    clock = ScriptedClock(tmp_path / "clock.json", true_clock=lambda: T0)
+    first = threading.Thread(target=clock)
+    first.start()
+    assert reading.wait(5)
+    assert clock() == T0 + 5_000_000
+    first.join(5)

@@ -14,11 +14,10 @@ After ``apply`` the ``reroute`` plugin checks each changed (host, peer) pair twi
    * still get through: at least ``min_probes`` probes judged (answered, late or lost; a probe the
      prober could not judge, its peer silent on every rail, is lost unless either host says its
      probe threads stalled, ``ridethrough.probe.stalled``, and then counts neither way) *since the
-     apply*, from
-     ``settle_s`` after it: a probe sent before it over the old route is declared lost a timeout
-     later, and its direction settled up to two probe intervals after that, so its loss reaches
-     the store seconds after the change. Their loss must not be significantly above the same
-     rail's loss *before the fault* (the ``baseline_s`` before the plan's ``baseline_until``,
+     apply*, from ``settle_s`` after it: a probe sent before it over the old route is declared
+     lost a timeout later, and its direction settled up to two probe intervals after that, so its
+     loss reaches the store seconds after the change. Their loss must not be significantly above
+     the same rail's loss *before the fault* (the ``baseline_s`` before the plan's ``baseline_until_ns``,
      where the rail's prober ran as it runs now: a loaded host's noise included) plus
      ``loss_margin``: a one-sided binomial test at ``loss_alpha`` of the loss since the apply
      against that rate. A rail with too few probes in its baseline is held to ``max_loss_ratio``
